@@ -138,12 +138,11 @@ def read_table_file(path: str | Path, error: type[LegatoError] = LegatoError) ->
         raise error(f"{path}: file not found")
     text = path.read_text(encoding="utf-8")
     try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-        else:
-            data = tomllib.loads(text)
+        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise error(f"{path}: malformed {path.suffix.lstrip('.').upper() or 'TOML'}: {exc}") from None
+        raise error(
+            f"{path}: malformed {path.suffix.lstrip('.').upper() or 'TOML'}: {exc}"
+        ) from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a table at the top level")
     return data

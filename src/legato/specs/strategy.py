@@ -1,0 +1,193 @@
+"""Strategy: how one model is split over a cluster. The third word of the vocabulary.
+
+It lives in ``specs`` (not ``plan``) because the cost model, the schedule builders, the
+planner and the runtime all read it, and ``cost`` sits below ``plan`` in the layering.
+
+Mesh convention (outer to inner, the order ranks are laid out): ``pp, dp, cp, tp``. Tensor
+parallelism is innermost so its groups stay inside the fastest link level. Expert
+parallelism folds over the ``dp x cp`` ranks of one pipeline stage (as in Megatron-Core:
+``ep`` must divide ``dp * cp``); expert tensor parallelism ``etp`` reuses tensor-parallel
+ranks and must divide ``tp``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from typing import Literal
+
+from legato.errors import LegatoError
+from legato.specs.model import ModelSpec
+
+
+class StrategyError(LegatoError):
+    """A strategy is malformed or does not fit the model or the device count."""
+
+
+Recompute = Literal["none", "selective", "full"]
+Dtype = Literal["fp32", "fp16", "bf16", "fp8"]
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "seq1f1b", "svpp")
+RECOMPUTE = ("none", "selective", "full")
+DTYPES = ("fp32", "fp16", "bf16", "fp8")
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """Degrees of every parallel dimension plus batch, recompute and precision choices.
+
+    ``tp`` is the total tensor-parallel degree; ``tp_y > 1`` makes it 2-D (``tp_x x tp_y``
+    with ``tp_x = tp / tp_y``), written ``tp=4x2`` in strategy strings. ``zero`` is the
+    ZeRO stage of the data-parallel axis (3 = FSDP). ``gbs`` and ``mbs`` count sequences.
+    """
+
+    dp: int = 1
+    tp: int = 1
+    tp_y: int = 1
+    pp: int = 1
+    vpp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sp: bool = False
+    zero: int = 0
+    mbs: int = 1
+    gbs: int = 1
+    schedule: str = "1f1b"
+    slices: int = 1
+    memory_cap: int = 0  # in-flight slice units per device for svpp; 0 = no cap
+    recompute: Recompute = "none"
+    dtype: Dtype = "bf16"
+
+    def __post_init__(self) -> None:
+        for name in ("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "slices"):
+            if getattr(self, name) < 1:
+                raise StrategyError(f"strategy.{name} must be >= 1, got {getattr(self, name)}")
+        if self.memory_cap < 0:
+            raise StrategyError(f"strategy.memory_cap must be >= 0, got {self.memory_cap}")
+        if self.tp % self.tp_y:
+            raise StrategyError(f"strategy.tp_y ({self.tp_y}) must divide tp ({self.tp})")
+        if self.zero not in (0, 1, 2, 3):
+            raise StrategyError(f"strategy.zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.schedule not in SCHEDULES:
+            raise StrategyError(
+                f"strategy.schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}"
+            )
+        if self.recompute not in RECOMPUTE:
+            raise StrategyError(
+                f"strategy.recompute must be one of {', '.join(RECOMPUTE)}, got {self.recompute!r}"
+            )
+        if self.dtype not in DTYPES:
+            raise StrategyError(
+                f"strategy.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
+
+    @property
+    def tp_x(self) -> int:
+        return self.tp // self.tp_y
+
+    @property
+    def world_size(self) -> int:
+        return self.pp * self.dp * self.cp * self.tp
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches per step on each pipeline (data-parallel replica)."""
+        return self.gbs // (self.mbs * self.dp)
+
+    def check(self, model: ModelSpec, devices: int | None = None) -> None:
+        """Raise StrategyError naming the first constraint this strategy violates."""
+        if devices is not None and self.world_size != devices:
+            raise StrategyError(
+                f"strategy: pp*dp*cp*tp = {self.pp}*{self.dp}*{self.cp}*{self.tp} = "
+                f"{self.world_size} must equal the device count {devices}"
+            )
+        _divides(self.tp, model.num_heads, "tp", "num_heads")
+        _divides(self.tp, model.num_kv_heads, "tp", "num_kv_heads")
+        _divides(self.tp, model.vocab_size, "tp", "vocab_size")
+        _divides(self.pp * self.vpp, model.num_layers, "pp*vpp", "num_layers")
+        if self.gbs % (self.mbs * self.dp):
+            raise StrategyError(
+                f"strategy: gbs ({self.gbs}) must be a multiple of mbs*dp "
+                f"({self.mbs}*{self.dp} = {self.mbs * self.dp})"
+            )
+        if self.pp > 1 and self.num_microbatches < self.pp and self.schedule != "gpipe":
+            raise StrategyError(
+                f"strategy: {self.schedule} needs at least pp={self.pp} micro-batches per "
+                f"step, got gbs/(mbs*dp) = {self.num_microbatches}"
+            )
+        if self.vpp > 1 and self.schedule not in ("interleaved", "zb-v", "svpp"):
+            raise StrategyError(
+                f"strategy: vpp={self.vpp} needs schedule interleaved, zb-v or svpp, "
+                f"got {self.schedule}"
+            )
+        _divides(2 * self.cp if self.cp > 1 else 1, model.seq_len, "2*cp", "seq_len")
+        _divides(self.slices, model.seq_len, "slices", "seq_len")
+        if self.sp and self.tp == 1:
+            raise StrategyError("strategy: sp (sequence parallel) needs tp > 1")
+        if self.ep > 1 or self.etp > 1:
+            if model.moe is None:
+                raise StrategyError(f"strategy: ep/etp need an MoE model; {model.name} is dense")
+            _divides(self.ep, model.moe.num_experts, "ep", "moe.num_experts")
+            _divides(self.ep, self.dp * self.cp, "ep", "dp*cp")
+            _divides(self.etp, self.tp, "etp", "tp")
+
+    def to_string(self) -> str:
+        """Canonical ``key=value`` form; only fields that differ from the default."""
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "tp_y" or (value == f.default and f.name not in ("dp", "tp", "pp")):
+                continue
+            if f.name == "tp" and self.tp_y > 1:
+                parts.append(f"tp={self.tp_x}x{self.tp_y}")
+            elif isinstance(value, bool):
+                parts.append(f"{f.name}={int(value)}")
+            else:
+                parts.append(f"{f.name}={value}")
+        return ",".join(parts)
+
+    def with_(self, **changes) -> Strategy:
+        return replace(self, **changes)
+
+    @classmethod
+    def parse(cls, text: str) -> Strategy:
+        """Parse ``dp=32,tp=2,pp=1,mbs=8,gbs=512,recompute=full,schedule=1f1b,dtype=fp16``."""
+        allowed = [f.name for f in fields(cls) if f.name != "tp_y"]
+        kwargs: dict[str, object] = {}
+        for item in filter(None, (p.strip() for p in text.split(","))):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in allowed:
+                raise StrategyError(
+                    f"strategy: bad item {item!r}; expected key=value with key in "
+                    f"{', '.join(allowed)}"
+                )
+            kwargs.update(_parse_value(key, value.strip()))
+        return cls(**kwargs)
+
+
+def _parse_value(key: str, value: str) -> dict[str, object]:
+    if key in ("schedule", "recompute", "dtype"):
+        return {key: value}
+    if key == "sp":
+        if value.lower() not in ("0", "1", "true", "false"):
+            raise StrategyError(f"strategy.sp must be 0/1/true/false, got {value!r}")
+        return {key: value.lower() in ("1", "true")}
+    if key == "tp" and "x" in value:
+        x, _, y = value.partition("x")
+        tp_x, tp_y = _int(key, x), _int(key, y)
+        return {"tp": tp_x * tp_y, "tp_y": tp_y}
+    return {key: _int(key, value)}
+
+
+def _int(key: str, value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise StrategyError(f"strategy.{key} must be an integer, got {value!r}") from None
+
+
+def _divides(divisor: int, total: int, divisor_name: str, total_name: str) -> None:
+    if total % divisor:
+        raise StrategyError(
+            f"strategy: {divisor_name} ({divisor}) must divide {total_name} ({total})"
+        )

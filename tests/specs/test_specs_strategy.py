@@ -1,0 +1,53 @@
+import pytest
+
+from legato.specs.registry import load_model
+from legato.specs.strategy import Strategy, StrategyError
+
+
+def test_parse_round_trip_and_2d_tp():
+    s = Strategy.parse("dp=32,tp=4x2,pp=4,vpp=2,schedule=interleaved,mbs=1,gbs=512,sp=1")
+    assert (s.tp, s.tp_x, s.tp_y, s.sp) == (8, 4, 2, True)
+    assert s.world_size == 32 * 8 * 4
+    assert s.num_microbatches == 16
+    assert Strategy.parse(s.to_string()) == s
+
+
+@pytest.mark.parametrize(
+    "text, fragment",
+    [
+        ("dp=2,tq=2", "bad item 'tq=2'"),
+        ("dp=two", "strategy.dp must be an integer"),
+        ("dp=0", "strategy.dp must be >= 1"),
+        ("recompute=some", "strategy.recompute must be one of none, selective, full"),
+        ("schedule=magic", "strategy.schedule must be one of"),
+        ("tp=3,tp_y=2", "bad item 'tp_y=2'"),
+    ],
+)
+def test_malformed_strategy_is_one_line_error(text, fragment):
+    with pytest.raises(StrategyError, match=fragment) as err:
+        Strategy.parse(text)
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize(
+    "text, devices, fragment",
+    [
+        ("dp=4,tp=2", 16, "must equal the device count 16"),
+        ("tp=3,dp=1", 3, "tp \\(3\\) must divide num_heads \\(32\\)"),
+        ("pp=5,gbs=10", 5, "pp\\*vpp \\(5\\) must divide num_layers \\(32\\)"),
+        ("dp=4,mbs=3,gbs=16", 4, "gbs \\(16\\) must be a multiple of mbs\\*dp"),
+        ("pp=4,gbs=2", 4, "needs at least pp=4 micro-batches"),
+        ("pp=2,vpp=2,gbs=8", 2, "vpp=2 needs schedule interleaved"),
+        ("dp=2,ep=2,gbs=2", 2, "ep/etp need an MoE model"),
+    ],
+)
+def test_strategy_that_does_not_fit_names_the_constraint(text, devices, fragment):
+    with pytest.raises(StrategyError, match=fragment):
+        Strategy.parse(text).check(load_model("llama2-7b"), devices)
+
+
+def test_expert_parallel_constraints():
+    mixtral = load_model("mixtral-8x7b")
+    Strategy.parse("dp=8,ep=8,gbs=8").check(mixtral, 8)
+    with pytest.raises(StrategyError, match=r"ep \(3\) must divide moe\.num_experts"):
+        Strategy.parse("dp=3,ep=3,gbs=3,tp=1").check(mixtral.with_(num_layers=32), 3)
