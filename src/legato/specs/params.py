@@ -11,7 +11,9 @@ spelled out here once (Hugging Face Llama / Mixtral / Qwen3 / DeepSeek-V3 naming
   the up and down matrices.
 * MoE layer: router ``gate [E, h]`` (never a bias), E routed experts of
   ``expert_ffn_hidden_size`` and ``num_shared_experts`` shared experts of
-  ``shared_expert_ffn_hidden_size``, each an MLP of the kind above. The sigmoid router's
+  ``shared_expert_ffn_hidden_size``, each an MLP of the kind above; the shared experts are
+  stored together as one MLP of width ``num_shared_experts * shared_expert_ffn_hidden_size``
+  (DeepSeek layout), which matters only for biases. The sigmoid router's
   per-expert load-balancing bias is a buffer, not a parameter, so it is not counted.
 * MLA (``spec.mla``): ``q_a_proj [q_lora, h]``, ``q_a_layernorm [q_lora]``,
   ``q_b_proj [heads*(nope+rope), q_lora]`` (or ``q_proj [heads*(nope+rope), h]`` when
@@ -96,9 +98,9 @@ def _layer_parts(spec: ModelSpec, layer: int) -> dict[str, int]:
     if spec.is_moe_layer(layer):
         parts["router"] = moe.num_experts * spec.hidden_size
         parts["experts"] = moe.num_experts * mlp_params(spec, moe.expert_ffn_hidden_size)
-        parts["shared_experts"] = moe.num_shared_experts * mlp_params(
-            spec, moe.shared_expert_ffn_hidden_size
-        )
+        # Shared experts are stored as one MLP of the summed width (DeepSeek layout).
+        shared_width = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+        parts["shared_experts"] = mlp_params(spec, shared_width) if shared_width else 0
     else:
         parts["mlp"] = mlp_params(spec, spec.ffn_hidden_size)
     return parts

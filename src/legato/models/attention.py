@@ -1,0 +1,63 @@
+"""Grouped-query self-attention (GQA; MHA and MQA are special cases) with HF Llama names.
+
+All attention in legato goes through :func:`attend`, so the mask convention lives in one
+place: without ``attn_mask`` attention is causal; with one, the mask *replaces* the causal
+mask (a boolean mask, True = may attend, or an additive float mask, broadcastable to
+[B, H, S, S]), so packed documents can reset positions and block cross-document attention.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from legato.models.norms import build_norm
+from legato.models.rope import apply_rope
+from legato.specs.model import ModelSpec
+
+Rope = tuple[Tensor, Tensor]  # cos, sin: [B, S, rotary_dim]
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
+    """SDPA over q [B, H, S, D] and k/v [B, Hkv, S, D]; K/V heads are shared by groups."""
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=attn_mask,
+        is_causal=attn_mask is None,
+        enable_gqa=k.shape[1] != q.shape[1],
+    )
+
+
+class Attention(nn.Module):
+    """``q_proj``/``k_proj``/``v_proj``/``o_proj``; optional per-head ``q_norm``/``k_norm``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.num_heads = spec.num_heads
+        self.num_kv_heads = spec.num_kv_heads
+        self.head_dim = spec.head_dim
+        h, d = spec.hidden_size, spec.head_dim
+        self.q_proj = nn.Linear(h, spec.num_heads * d, bias=spec.bias)
+        self.k_proj = nn.Linear(h, spec.num_kv_heads * d, bias=spec.bias)
+        self.v_proj = nn.Linear(h, spec.num_kv_heads * d, bias=spec.bias)
+        self.o_proj = nn.Linear(spec.num_heads * d, h, bias=spec.bias)
+        if spec.qk_norm:
+            self.q_norm = build_norm(spec.norm, d, spec.norm_eps)
+            self.k_norm = build_norm(spec.norm, d, spec.norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+
+    def forward(self, x: Tensor, rope: Rope | None, attn_mask: Tensor | None = None) -> Tensor:
+        b, s, _ = x.shape
+        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if rope is not None:
+            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+        out = attend(q, k, v, attn_mask)
+        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))

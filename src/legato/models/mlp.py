@@ -1,0 +1,32 @@
+"""Feed-forward blocks: SwiGLU (Llama) or GELU (GPT), with Hugging Face names.
+
+:func:`activate` is shared with the stacked MoE experts so both compute the same function.
+"""
+
+from __future__ import annotations
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from legato.specs.model import MlpKind
+
+
+def activate(up: Tensor, gate: Tensor | None) -> Tensor:
+    """SwiGLU when a gate projection exists, else GELU (tanh approximation, as GPT-2)."""
+    if gate is not None:
+        return F.silu(gate) * up
+    return F.gelu(up, approximate="tanh")
+
+
+class MLP(nn.Module):
+    """``gate_proj``/``up_proj``/``down_proj`` (SwiGLU) or ``up_proj``/``down_proj`` (GELU)."""
+
+    def __init__(self, hidden: int, ffn: int, kind: MlpKind, bias: bool) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, ffn, bias=bias) if kind == "swiglu" else None
+        self.up_proj = nn.Linear(hidden, ffn, bias=bias)
+        self.down_proj = nn.Linear(ffn, hidden, bias=bias)
+
+    def forward(self, x: Tensor) -> Tensor:
+        gate = self.gate_proj(x) if self.gate_proj is not None else None
+        return self.down_proj(activate(self.up_proj(x), gate))
