@@ -61,7 +61,7 @@ class PackedDataset:
         if tokens.ndim != 1:
             raise DataError(f"data: token stream must be 1-D, got shape {tuple(tokens.shape)}")
         if not isinstance(seq_len, int) or seq_len < 1:
-            raise DataError(f"train.seq_len: must be a positive integer, got {seq_len!r}")
+            raise DataError(f"data.seq_len: must be a positive integer, got {seq_len!r}")
         if len(tokens) < seq_len + 1:
             raise DataError(
                 f"data: {len(tokens)} tokens are fewer than one sequence of seq_len + 1 = "
@@ -119,12 +119,14 @@ class PackedDataset:
         gets rows ``r * share : (r + 1) * share`` of the global batch.
         """
         if not isinstance(global_batch, int) or global_batch < 1:
-            raise DataError(f"train.global_batch: must be a positive integer, got {global_batch!r}")
+            raise DataError(
+                f"train.global_batch_size: must be a positive integer, got {global_batch!r}"
+            )
         if world < 1 or not 0 <= rank < world:
             raise DataError(f"data: rank {rank} is not in a world of size {world}")
         if global_batch % world:
             raise DataError(
-                f"train.global_batch: {global_batch} is not divisible by the {world} data-parallel ranks"
+                f"train.global_batch_size: {global_batch} is not divisible by the {world} data-parallel ranks"
             )
         share = global_batch // world
         windows = self._take(global_batch)[rank * share : (rank + 1) * share]

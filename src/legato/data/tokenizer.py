@@ -131,7 +131,9 @@ def train_bpe(
     from tokenizers import decoders, models, pre_tokenizers, trainers
 
     if not isinstance(vocab_size, int) or vocab_size < _MIN_BPE_VOCAB:
-        raise DataError(f"data.vocab_size: BPE needs at least {_MIN_BPE_VOCAB}, got {vocab_size!r}")
+        raise DataError(
+            f"data.bpe_vocab_size: BPE needs at least {_MIN_BPE_VOCAB}, got {vocab_size!r}"
+        )
     backend = HfTokenizer(models.BPE())
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     backend.decoder = decoders.ByteLevel()
@@ -185,7 +187,7 @@ def _cached_bpe(
     if not train_files:
         raise DataError("data.tokenizer: 'bpe' is trained on data.paths, which is empty")
     if vocab_size is None:
-        raise DataError("data.vocab_size: 'bpe' needs a vocabulary size (e.g. 4096)")
+        raise DataError("data.bpe_vocab_size: 'bpe' needs a vocabulary size (e.g. 4096)")
     files = resolve_paths(train_files)
     stats = [(str(p.resolve()), p.stat().st_size, p.stat().st_mtime_ns) for p in files]
     key = fingerprint("bpe", stats, vocab_size, text_field)

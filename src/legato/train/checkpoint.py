@@ -1,0 +1,236 @@
+"""Save and resume training with ``torch.distributed.checkpoint`` (DCP).
+
+Layout of ``<run>/checkpoints/``::
+
+    step_000120/            one complete checkpoint
+        .metadata, *.distcp model + optimizer, sharded as trained (DCP; any world size loads it)
+        rng_rank<r>.json    each rank's random generator states
+        meta.json           written last: step, world size, ModelSpec, config, data and
+                            scheduler state, and the size of every other file
+    latest                  the name of the newest complete checkpoint
+
+A checkpoint is written into ``.tmp_step_000120/`` and renamed only once every rank has
+finished, and ``latest`` is replaced atomically after that, so a crash mid-save leaves the
+previous checkpoint in charge. Loading checks ``meta.json`` and the file sizes before DCP
+reads anything, so a damaged or foreign checkpoint is a one-line ``CheckpointError``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import CheckpointException, FileSystemReader
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+import legato
+from legato.errors import CheckpointError
+from legato.train.distributed import DistContext
+from legato.train.rng import capture_rng, restore_rng
+
+FORMAT_VERSION = 1
+META = "meta.json"
+LATEST = "latest"
+_STEP_DIR = re.compile(r"^step_(\d+)$")
+
+
+def step_dir_name(step: int) -> str:
+    return f"step_{step:06d}"
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write to a temp file beside ``path`` and rename it over: readers see all or nothing."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def _quiet_dcp() -> Iterator[None]:
+    """DCP warns that it runs without a process group; for one process that is the intent."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        yield
+
+
+def save_checkpoint(
+    ctx: DistContext,
+    root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict[str, Any],
+    keep: int,
+) -> Path:
+    """Collective: write ``root/step_<step>`` atomically, point ``latest`` at it, prune."""
+    final = root / step_dir_name(step)
+    tmp = root / f".tmp_{step_dir_name(step)}"
+    if ctx.is_main:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    ctx.barrier()
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    with _quiet_dcp():
+        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+    _write_atomic(tmp / f"rng_rank{ctx.rank}.json", json.dumps(capture_rng(ctx.device)))
+    ctx.barrier()
+    if ctx.is_main:
+        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        full_meta = {
+            "format": FORMAT_VERSION,
+            "legato_version": legato.__version__,
+            "step": step,
+            "world_size": ctx.world_size,
+            **meta,
+            "files": files,
+        }
+        _write_atomic(tmp / META, json.dumps(full_meta, indent=1))
+        if final.exists():  # a re-run of this step: move the old one aside, never delete first
+            os.replace(final, root / f".old_{final.name}")
+        os.replace(tmp, final)
+        _write_atomic(root / LATEST, final.name + "\n")
+        prune(root, keep, protect=final)
+    ctx.barrier()
+    return final
+
+
+def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
+    """Delete all but the newest ``keep`` checkpoints (never ``protect``, the one just
+    written, even if a rerun left higher steps behind) and leftover temp dirs."""
+    steps = sorted(
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir() and p != protect
+    )
+    kept = keep - 1 if protect is not None else keep
+    doomed = [p for _, p in steps[: max(0, len(steps) - kept)]]
+    doomed += [p for p in root.glob(".tmp_step_*") if p.is_dir()]
+    doomed += [p for p in root.glob(".old_step_*") if p.is_dir()]
+    for path in doomed:
+        shutil.rmtree(path, ignore_errors=True)
+    return doomed
+
+
+def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
+    """``checkpoint.resume``: 'none', 'auto' (the run's latest, if any) or a path.
+
+    A path may name a step directory, a ``checkpoints/`` folder or a run directory.
+    """
+    if resume == "none":
+        return None
+    if resume == "auto":
+        root = run_dir / "checkpoints"
+        return _follow_latest(root) if (root / LATEST).is_file() else None
+    path = Path(resume).expanduser()
+    for root in (path, path / "checkpoints"):
+        if (root / LATEST).is_file():
+            return _follow_latest(root)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint.resume: no checkpoint at {path}")
+    return path
+
+
+def _follow_latest(root: Path) -> Path:
+    name = (root / LATEST).read_text(encoding="utf-8").strip()
+    path = root / name
+    if not _STEP_DIR.match(name) or not path.is_dir():
+        raise CheckpointError(f"{root / LATEST}: points to {name!r}, which is not a checkpoint")
+    return path
+
+
+def read_meta(path: Path) -> dict[str, Any]:
+    """The checkpoint's ``meta.json``, after checking every file it lists is whole."""
+    meta_path = path / META
+    if not meta_path.is_file():
+        raise CheckpointError(
+            f"{path}: no {META}; the checkpoint is incomplete or not a checkpoint"
+        )
+    try:
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"{meta_path}: corrupt JSON ({exc})") from None
+    needed = ("format", "step", "model_spec", "files", "data", "scheduler")
+    if not isinstance(meta, dict) or any(k not in meta for k in needed):
+        raise CheckpointError(f"{meta_path}: not a legato checkpoint (needs {', '.join(needed)})")
+    if meta["format"] != FORMAT_VERSION:
+        raise CheckpointError(
+            f"{meta_path}: format {meta['format']!r}, this legato reads {FORMAT_VERSION}"
+        )
+    for name, size in meta["files"].items():
+        file = path / name
+        if not file.is_file():
+            raise CheckpointError(f"{path}: {name} is missing")
+        if file.stat().st_size != size:
+            raise CheckpointError(
+                f"{path}: {name} is {file.stat().st_size} bytes, expected {size} (truncated?)"
+            )
+    try:  # read here, or DCP logs a traceback for each way it tries before failing
+        FileSystemReader(path).read_metadata()
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"{path}: DCP .metadata is unreadable ({_reason(exc)})") from None
+    return meta
+
+
+def first_difference(saved: Any, current: Any, where: str = "") -> str | None:
+    """The first dotted field where two JSON-like values differ, with both values."""
+    if isinstance(saved, dict) and isinstance(current, dict):
+        for key in sorted(set(saved) | set(current)):
+            if key == "description":
+                continue
+            found = first_difference(
+                saved.get(key), current.get(key), f"{where}.{key}" if where else key
+            )
+            if found:
+                return found
+        return None
+    if saved != current:
+        return f"{where}: checkpoint has {saved!r}, config has {current!r}"
+    return None
+
+
+def check_model_spec(meta: dict[str, Any], spec: dict[str, Any], path: Path) -> None:
+    diff = first_difference(meta["model_spec"], spec)
+    if diff:
+        raise CheckpointError(f"{path}: model differs from the checkpoint's at {diff}")
+
+
+def load_checkpoint(
+    ctx: DistContext, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+) -> None:
+    """Collective: load model, optimizer and this rank's RNG states from ``path``."""
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    try:
+        with _quiet_dcp():
+            dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as exc:  # the latter is a BaseException
+        raise CheckpointError(f"{path}: cannot be read ({_reason(exc)})") from None
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+    )
+    rng_file = path / f"rng_rank{ctx.rank}.json"
+    if rng_file.is_file():  # absent when resuming on more ranks than saved
+        restore_rng(json.loads(rng_file.read_text(encoding="utf-8")), ctx.device)
+
+
+def _reason(exc: BaseException) -> str:
+    """One line about ``exc``; DCP wraps per-rank failures in a CheckpointException."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = next(iter(failures.values()))  # (exception, traceback frames)
+        exc = inner[0] if isinstance(inner, tuple) else inner
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__

@@ -1,0 +1,316 @@
+"""TrainConfig: every knob of ``legato train``, read from TOML plus ``--section.key=value``.
+
+The config is a tree of dataclass sections; each field carries its documentation in its
+metadata, so ``legato train --help-config`` and ``examples/tiny.toml`` are rendered from the
+same source as the defaults and cannot drift. Loading goes through
+``legato.specs.typed.from_dict``: an unknown key, a wrong type or a bad value is one
+``ConfigError`` naming the dotted field and what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from legato.errors import ConfigError, SpecError
+from legato.specs.model import ModelSpec
+from legato.specs.typed import from_dict, read_table_file, to_dict
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+def _doc(default: Any, doc: str) -> Any:
+    """A dataclass field with an immutable default and its one-line documentation."""
+    return field(default=default, metadata={"doc": doc})
+
+
+def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
+    if not ok:
+        raise ConfigError(f"{name}: must be {allowed}, got {value!r}")
+
+
+@dataclass
+class ModelSection:
+    """What is trained."""
+
+    preset: str = _doc("tiny", "model preset name (see `legato models`) or a TOML/JSON file")
+    overrides: dict[str, Any] = field(
+        default_factory=dict,
+        metadata={"doc": "ModelSpec fields replacing the preset's, e.g. {num_layers = 2}"},
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(self.preset), "model.preset", "a preset name or a file path", self.preset)
+
+
+@dataclass
+class DataSection:
+    """Where the tokens come from."""
+
+    paths: list[str] = field(
+        default_factory=list,
+        metadata={"doc": "text/jsonl/parquet files, folders or globs; empty = the built-in corpus"},
+    )
+    text_field: str = _doc("text", "jsonl key / parquet column holding each document")
+    tokenizer: str = _doc("byte", "'byte', 'bpe' (trained on data.paths) or a tokenizer.json path")
+    bpe_vocab_size: int = _doc(4096, "vocabulary size when data.tokenizer = 'bpe'")
+    seq_len: int = _doc(0, "tokens per training sequence; 0 = the model's seq_len")
+    cache_dir: str = _doc(
+        "~/.cache/legato", "where tokenised data, trained tokenizers and the corpus are cached"
+    )
+
+    def __post_init__(self) -> None:
+        _require(bool(self.text_field), "data.text_field", "a non-empty string", self.text_field)
+        _require(bool(self.tokenizer), "data.tokenizer", "'byte', 'bpe' or a path", self.tokenizer)
+        _require(self.bpe_vocab_size >= 257, "data.bpe_vocab_size", ">= 257", self.bpe_vocab_size)
+        _require(self.seq_len >= 0, "data.seq_len", ">= 0 (0 = the model's)", self.seq_len)
+        _require(bool(self.cache_dir), "data.cache_dir", "a directory path", self.cache_dir)
+
+
+@dataclass
+class OptimSection:
+    """AdamW and its learning-rate schedule (linear warm-up, then cosine to the minimum).
+
+    Weight decay applies to weight matrices only: norms, biases and embedding tables are
+    not decayed (decaying an embedding row shrinks rarely seen tokens toward zero between
+    their updates, and decaying norm gains fights the scale they exist to learn).
+    """
+
+    lr: float = _doc(3e-3, "peak learning rate, reached at the end of warm-up")
+    min_lr_ratio: float = _doc(0.1, "final learning rate as a fraction of optim.lr")
+    weight_decay: float = _doc(
+        0.1, "decoupled weight decay on matrices (not norms/biases/embeddings)"
+    )
+    beta1: float = _doc(0.9, "AdamW first-moment decay")
+    beta2: float = _doc(0.95, "AdamW second-moment decay")
+    eps: float = _doc(1e-8, "AdamW denominator epsilon")
+    grad_clip: float = _doc(1.0, "clip the global gradient norm to this; 0 = no clipping")
+    warmup_steps: int = _doc(20, "steps of linear warm-up from lr/warmup_steps to lr")
+
+    def __post_init__(self) -> None:
+        _require(self.lr > 0, "optim.lr", "> 0", self.lr)
+        _require(0 <= self.min_lr_ratio <= 1, "optim.min_lr_ratio", "in [0, 1]", self.min_lr_ratio)
+        _require(self.weight_decay >= 0, "optim.weight_decay", ">= 0", self.weight_decay)
+        _require(0 <= self.beta1 < 1, "optim.beta1", "in [0, 1)", self.beta1)
+        _require(0 <= self.beta2 < 1, "optim.beta2", "in [0, 1)", self.beta2)
+        _require(self.eps > 0, "optim.eps", "> 0", self.eps)
+        _require(self.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", self.grad_clip)
+        _require(self.warmup_steps >= 0, "optim.warmup_steps", ">= 0", self.warmup_steps)
+
+
+@dataclass
+class TrainSection:
+    """The loop: how long, how big a batch, in what precision."""
+
+    steps: int = _doc(300, "optimizer steps to train for (the schedule ends here)")
+    global_batch_size: int = _doc(12, "sequences per optimizer step, summed over all ranks")
+    micro_batch_size: int = _doc(
+        6, "sequences per forward/backward on one rank; accumulation = global / (micro x world)"
+    )
+    dtype: Literal["fp32", "bf16"] = _doc(
+        "fp32", "'fp32', or 'bf16' mixed precision (fp32 master weights)"
+    )
+    device: Literal["auto", "cpu", "cuda"] = _doc("auto", "'auto' = cuda when available, else cpu")
+    seed: int = _doc(0, "seed of the model init and of the data order")
+    moe_aux_loss_coef: float = _doc(
+        0.01, "weight of the MoE load-balance loss added to the objective (not to the logged loss)"
+    )
+    log_every: int = _doc(10, "print a progress line every N steps (metrics.jsonl gets every step)")
+
+    def __post_init__(self) -> None:
+        _require(self.steps >= 1, "train.steps", ">= 1", self.steps)
+        _require(
+            self.global_batch_size >= 1, "train.global_batch_size", ">= 1", self.global_batch_size
+        )
+        _require(
+            self.micro_batch_size >= 1, "train.micro_batch_size", ">= 1", self.micro_batch_size
+        )
+        _require(self.seed >= 0, "train.seed", ">= 0", self.seed)
+        _require(
+            self.moe_aux_loss_coef >= 0, "train.moe_aux_loss_coef", ">= 0", self.moe_aux_loss_coef
+        )
+        _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
+
+
+@dataclass
+class ParallelSection:
+    """How the job is spread over processes."""
+
+    nproc: int = _doc(2, "processes to launch on this host (ignored when started by torchrun)")
+    backend: Literal["auto", "gloo", "nccl"] = _doc("auto", "'auto' = nccl on cuda, gloo on cpu")
+    fsdp: bool = _doc(True, "shard parameters, gradients and optimizer state (FSDP2); false = DDP")
+    reshard_after_forward: bool = _doc(
+        True, "free gathered parameters after forward (less memory, one more all-gather)"
+    )
+
+    def __post_init__(self) -> None:
+        _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
+
+
+@dataclass
+class CheckpointSection:
+    """When to save and where to resume from."""
+
+    every: int = _doc(100, "save every N steps and at the last step; 0 = never save")
+    keep: int = _doc(2, "keep the newest N checkpoints, delete older ones")
+    resume: str = _doc("auto", "'auto' = latest checkpoint in run.dir if any, 'none', or a path")
+
+    def __post_init__(self) -> None:
+        _require(self.every >= 0, "checkpoint.every", ">= 0 (0 = never)", self.every)
+        _require(self.keep >= 1, "checkpoint.keep", ">= 1", self.keep)
+        _require(bool(self.resume), "checkpoint.resume", "'auto', 'none' or a path", self.resume)
+
+
+@dataclass
+class RunSection:
+    """Where the outputs go."""
+
+    dir: str = _doc("", "run directory; empty = runs/<name>, or runs/<timestamp> without a name")
+    name: str = _doc("", "a label for the run, recorded in its metadata")
+
+
+@dataclass
+class TrainConfig:
+    """The whole training job."""
+
+    model: ModelSection = field(default_factory=ModelSection)
+    data: DataSection = field(default_factory=DataSection)
+    optim: OptimSection = field(default_factory=OptimSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    parallel: ParallelSection = field(default_factory=ParallelSection)
+    checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
+    run: RunSection = field(default_factory=RunSection)
+
+    def grad_accum_steps(self, world_size: int) -> int:
+        """Micro-steps per optimizer step; a ConfigError if the batch sizes do not divide."""
+        per_step = self.train.micro_batch_size * world_size
+        if self.train.global_batch_size % per_step:
+            raise ConfigError(
+                f"train.global_batch_size: must be a multiple of train.micro_batch_size x world "
+                f"size = {self.train.micro_batch_size} x {world_size} = {per_step}, "
+                f"got {self.train.global_batch_size}"
+            )
+        return self.train.global_batch_size // per_step
+
+    def to_dict(self) -> dict[str, Any]:
+        return to_dict(self)
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
+    """Read ``path`` (TOML or JSON; None = defaults) and apply ``--section.key=value`` overrides."""
+    updates = parse_overrides(overrides or [])  # first: a malformed override explains more
+    data = read_table_file(path, ConfigError) if path is not None else {}
+    merged = _deep_merge(data, updates)
+    return from_dict(TrainConfig, merged, "", ConfigError)
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--train.steps=10", "--model.overrides.num_layers=2"]`` -> nested dict.
+
+    Values are TOML literals (``10``, ``3e-4``, ``true``, ``["a.txt"]``, ``{x = 1}``);
+    anything else is taken as a plain string, so ``--train.dtype=bf16`` needs no quotes.
+    Dashes in keys are read as underscores.
+    """
+    tree: dict[str, Any] = {}
+    for arg in args:
+        if not arg.startswith("--") or "=" not in arg:
+            raise ConfigError(f"{arg}: overrides are written --section.key=value")
+        key, raw = arg[2:].split("=", 1)
+        parts = key.replace("-", "_").split(".")
+        if len(parts) < 2 or not all(parts):
+            raise ConfigError(f"{arg}: overrides are written --section.key=value")
+        node = tree
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"{arg}: {part} was already given a plain value")
+        node[parts[-1]] = parse_value(raw)
+    return tree
+
+
+def parse_value(raw: str) -> Any:
+    """A TOML literal, or the raw string when it is not one."""
+    try:
+        value = tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+    return value if isinstance(value, (str, int, float, bool, list, dict)) else raw
+
+
+def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
+    merged = copy.deepcopy(base)
+    for key, value in update.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def resolve_model(section: ModelSection) -> ModelSpec:
+    """The preset with ``model.overrides`` applied, validated as a ModelSpec."""
+    from legato.specs.registry import load_model
+
+    spec = load_model(section.preset)
+    if not section.overrides:
+        return spec
+    merged = _deep_merge(to_dict(spec), section.overrides)
+    try:
+        return from_dict(ModelSpec, merged, "model.overrides", ConfigError)
+    except SpecError as exc:
+        raise ConfigError(f"model.overrides: {exc}") from None
+
+
+def make_run_dir(run: RunSection, root: Path = Path("runs")) -> Path:
+    """Create and return the run directory: ``run.dir``, else ``runs/<name>``, else a new
+    ``runs/<timestamp>`` (suffixed ``-1``, ``-2``... so two runs never share one)."""
+    if run.dir or run.name:
+        path = Path(run.dir).expanduser() if run.dir else root / run.name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for attempt in range(1000):
+        path = root / (stamp if attempt == 0 else f"{stamp}-{attempt}")
+        try:
+            path.mkdir(parents=True)
+            return path
+        except FileExistsError:
+            continue
+    raise ConfigError(f"run.dir: could not create a fresh directory under {root}")
+
+
+def render_toml(config: TrainConfig | None = None, header: str = "") -> str:
+    """The config as TOML with every field's documentation as a comment above it."""
+    config = config or TrainConfig()
+    lines = [f"# {line}" if line else "#" for line in header.splitlines()]
+    for section in dataclasses.fields(config):
+        value = getattr(config, section.name)
+        if lines:
+            lines.append("")
+        lines.append(f"# {type(value).__doc__.splitlines()[0]}")
+        lines.append(f"[{section.name}]")
+        for f in dataclasses.fields(value):
+            lines.append(f"# {f.metadata['doc']}")
+            lines.append(f"{f.name} = {_toml_literal(getattr(value, f.name))}")
+    return "\n".join(lines) + "\n"
+
+
+def _toml_literal(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_toml_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML literal for {value!r}")

@@ -1,0 +1,89 @@
+"""Peak FLOP/s of the device a rank trains on: the denominator of MFU.
+
+GPUs have datasheet peaks in the device presets. A CPU has none worth trusting (cores,
+vector width, clocks and thread count all vary), so its peak is measured once with a
+short matrix-multiply calibration, a few hundred milliseconds. It is measured on one
+thread and scaled by the trainer's thread count: a multi-threaded matmul on a shared
+machine measures how often its slowest thread is interrupted, not what the cores can do,
+and the best of a few short trials likewise discounts passing interference.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+
+import torch
+
+from legato.errors import SpecError
+
+_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+
+
+def measure_matmul_flops(
+    device: torch.device,
+    dtype: str = "fp32",
+    seconds: float = 0.3,
+    size: int = 512,
+    trials: int = 5,
+) -> float:
+    """The best FLOP/s of square ``size`` matmuls over ``trials`` runs of ``seconds / trials``."""
+    a = torch.randn(size, size, device=device, dtype=_DTYPES[dtype])
+    b = torch.randn(size, size, device=device, dtype=_DTYPES[dtype])
+    for _ in range(2):  # warm-up: thread pool, kernel selection
+        torch.mm(a, b)
+    _sync(device)
+    best = 0.0
+    for _ in range(trials):
+        count, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            count += 1
+            _sync(device)
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds / trials:
+                break
+        best = max(best, 2.0 * size**3 * count / elapsed)
+    return best
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def datasheet_peak(device: torch.device, dtype: str) -> float | None:
+    """The preset peak of a known GPU model (matched by its name), else None."""
+    if device.type != "cuda":
+        return None
+    from legato.specs.registry import list_devices, load_device
+
+    name = torch.cuda.get_device_name(device).lower().replace(" ", "")
+    for preset in list_devices():
+        if preset.split("-")[0] in name:
+            try:
+                return load_device(preset).peak_flops(dtype)
+            except SpecError:
+                return None
+    return None
+
+
+@functools.cache
+def cpu_peak_flops(dtype: str, threads: int) -> float:
+    """One thread's measured peak times ``threads`` (cached: calibrate once per process)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return threads * measure_matmul_flops(torch.device("cpu"), dtype)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
+    """(FLOP/s of one device, where the number comes from: 'datasheet' or 'measured')."""
+    if device.type == "cpu":
+        return cpu_peak_flops(dtype, torch.get_num_threads()), "measured"
+    peak = datasheet_peak(device, dtype)
+    if peak is not None:
+        return peak, "datasheet"
+    return measure_matmul_flops(device, dtype, size=4096), "measured"

@@ -1,0 +1,85 @@
+"""What rank 0 shows while training: a live bar on a terminal, plain lines otherwise.
+
+Plain lines every ``log_every`` steps keep logs (CI, ``nohup``, a pipe) readable; a rich
+bar on a terminal shows the same numbers without scrolling.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from legato.train.metrics import StepMetrics, format_bytes
+
+
+def describe(m: StepMetrics, total: int) -> str:
+    """One line about a step: loss, lr, grad norm, throughput, MFU, memory."""
+    parts = [
+        f"step {m.step:>{len(str(total))}}/{total}",
+        f"loss {m.loss:.4f}",
+        f"lr {m.lr:.2e}",
+        f"grad {m.grad_norm:.3f}",
+        f"{m.tokens_per_s:,.0f} tok/s",
+    ]
+    if m.mfu is not None:
+        parts.append(f"mfu {100 * m.mfu:.1f}%")
+    parts.append(f"mem {format_bytes(m.peak_memory_bytes)}")
+    return "  ".join(parts)
+
+
+class Progress:
+    """Shows step metrics; silent when not ``enabled`` (every rank but 0)."""
+
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int,
+        log_every: int,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        self.total = total_steps
+        self.log_every = log_every
+        self.enabled = enabled
+        self.stream = stream or sys.stdout
+        self._bar = None
+        if enabled and self.stream.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+            from rich.progress import Progress as RichProgress
+
+            self._bar = RichProgress(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+                console=Console(file=self.stream),
+            )
+            self._task = self._bar.add_task("", total=total_steps, completed=start_step)
+            self._bar.start()
+
+    def update(self, m: StepMetrics) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            text = f"loss {m.loss:.4f}  {m.tokens_per_s:,.0f} tok/s"
+            self._bar.update(self._task, completed=m.step, description=text)
+            if m.step % self.log_every == 0 or m.step == self.total:
+                self._bar.console.print(describe(m, self.total))
+        elif m.step % self.log_every == 0 or m.step == self.total or m.step == 1:
+            print(describe(m, self.total), file=self.stream, flush=True)
+
+    def message(self, text: str) -> None:
+        """A line that does not break the bar."""
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.console.print(text)
+        else:
+            print(text, file=self.stream, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None

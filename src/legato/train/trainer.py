@@ -1,0 +1,328 @@
+"""The training loop: a seeded model, FSDP2 (or DDP), AdamW, accumulation, checkpoints.
+
+The loss of a step is the mean cross-entropy over every label token of the global batch,
+however the batch is split over ranks and micro-steps: each micro-batch backpropagates its
+summed token loss times ``world / tokens_in_global_batch``, and the data-parallel gradient
+reduction averages over ranks, so the gradient is exactly that of the full-batch mean.
+That is what makes 2 processes reproduce 1 process step for step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
+
+from legato.cost.flops import training_flops_per_token
+from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prepare_tokens
+from legato.errors import CheckpointError, ConfigError, DataError
+from legato.models import build_model
+from legato.specs.typed import to_dict
+from legato.train import checkpoint as ckpt
+from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
+from legato.train.device_peak import peak_flops
+from legato.train.distributed import (
+    DistContext,
+    gradient_sync,
+    init_distributed,
+    shutdown,
+    unwrap,
+    wrap_model,
+)
+from legato.train.metrics import (
+    MetricsLog,
+    StepMetrics,
+    format_bytes,
+    mfu,
+    peak_memory_bytes,
+    plot_loss_curve,
+    read_metrics,
+    summarize,
+)
+from legato.train.optim import build_optimizer, build_scheduler
+from legato.train.progress import Progress
+
+IGNORE_INDEX = -100  # labels with this id carry no loss (cross_entropy's default)
+
+
+@dataclass
+class TrainResult:
+    """What one ``fit()`` did: the losses of the steps it ran and where it wrote."""
+
+    run_dir: Path
+    steps: list[int] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    summary: dict[str, Any] = field(default_factory=dict)
+    checkpoint: Path | None = None
+
+
+class Trainer:
+    """``Trainer(config).fit()``: train, checkpoint and report; every rank returns the
+    same losses."""
+
+    def __init__(self, config: TrainConfig) -> None:
+        self.config = config
+        self.spec = resolve_model(config.model)
+        self.seq_len = config.data.seq_len or self.spec.seq_len
+        if self.seq_len > self.spec.seq_len:
+            raise ConfigError(
+                f"data.seq_len: must be <= the model's seq_len ({self.spec.seq_len}), "
+                f"got {self.seq_len}"
+            )
+
+    def fit(self) -> TrainResult:
+        ctx = init_distributed(self.config.parallel.backend, self.config.train.device)
+        try:
+            return self._fit(ctx)
+        finally:
+            shutdown(ctx)
+
+    # ------------------------------------------------------------------ set-up
+
+    def _fit(self, ctx: DistContext) -> TrainResult:
+        cfg = self.config
+        self.ctx = ctx
+        self.accum = cfg.grad_accum_steps(ctx.world_size)
+        run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
+        self.dataset, tokenizer_name = self._load_data()
+        self._build(ctx)
+        start, resumed_from = self._resume(run_dir)
+        if ctx.is_main:  # the config as run, with the directory it ran in
+            ran = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
+            (run_dir / "config.toml").write_text(render_toml(ran, "legato train config"))
+        self.progress = Progress(cfg.train.steps, start, cfg.train.log_every, ctx.is_main)
+        self.progress.message(self._describe(run_dir, tokenizer_name))
+        if resumed_from is not None:
+            self.progress.message(f"resumed from {resumed_from} (step {start})")
+        log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
+        try:
+            result = self._loop(run_dir, start, log)
+        finally:
+            self.progress.close()
+            if log is not None:
+                log.close()
+        if ctx.is_main:
+            result.summary = self._finish(run_dir)
+        return result
+
+    def _load_data(self) -> tuple[PackedDataset, str]:
+        data, ctx = self.config.data, self.ctx
+        cache = Path(data.cache_dir).expanduser()
+        with ctx.main_first():  # rank 0 fills the caches, the others then read them
+            paths = data.paths or [str(builtin_corpus_path(cache))]
+            tokenizer = load_tokenizer(
+                data.tokenizer,
+                train_files=paths,
+                vocab_size=data.bpe_vocab_size,
+                cache_dir=cache,
+                text_field=data.text_field,
+            )
+            if tokenizer.vocab_size > self.spec.vocab_size:
+                raise ConfigError(
+                    f"model.overrides.vocab_size: the model's vocabulary ({self.spec.vocab_size}) "
+                    f"is smaller than the tokenizer's ({tokenizer.vocab_size}, data.tokenizer = "
+                    f"{data.tokenizer!r}); it must be >= {tokenizer.vocab_size}"
+                )
+            tokens = prepare_tokens(paths, tokenizer, text_field=data.text_field, cache_dir=cache)
+        dataset = PackedDataset(tokens, self.seq_len, seed=self.config.train.seed)
+        return dataset, tokenizer.name
+
+    def _build(self, ctx: DistContext) -> None:
+        cfg = self.config
+        bf16 = cfg.train.dtype == "bf16"
+        if bf16 and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp32'")
+        # The full model is built (seeded) on every rank and then sharded, so any world
+        # size starts from identical weights.
+        model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
+        self.num_params = sum(p.numel() for p in model.parameters())
+        fsdp = cfg.parallel.fsdp and ctx.distributed
+        self.model = wrap_model(
+            model,
+            ctx,
+            fsdp=cfg.parallel.fsdp,
+            reshard_after_forward=cfg.parallel.reshard_after_forward,
+            param_dtype=torch.bfloat16 if bf16 else None,
+        )
+        self.autocast = (
+            (lambda: torch.autocast(ctx.device.type, dtype=torch.bfloat16))
+            if bf16 and not fsdp
+            else contextlib.nullcontext
+        )
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
+        self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
+        self.peak = peak_flops(ctx.device, cfg.train.dtype) if ctx.is_main else None
+
+    def _resume(self, run_dir: Path) -> tuple[int, Path | None]:
+        path = ckpt.find_checkpoint(self.config.checkpoint.resume, run_dir)
+        if path is None:
+            return 0, None
+        meta = ckpt.read_meta(path)
+        ckpt.check_model_spec(meta, to_dict(self.spec), path)
+        try:
+            self.dataset.load_state_dict(meta["data"])
+        except DataError as exc:
+            raise CheckpointError(f"{path}: {exc}") from None
+        ckpt.load_checkpoint(self.ctx, path, self.model, self.optimizer)
+        self.scheduler.load_state_dict(meta["scheduler"])
+        return int(meta["step"]), path
+
+    def _describe(self, run_dir: Path, tokenizer_name: str) -> str:
+        cfg, ctx, spec = self.config, self.ctx, self.spec
+        how = "one process"
+        if ctx.distributed:
+            how = f"{ctx.world_size} processes, {'FSDP2' if cfg.parallel.fsdp else 'DDP'} over {ctx.backend}"
+        return (
+            f"model {spec.name}: {self.num_params / 1e6:.2f}M params, {spec.num_layers} layers, "
+            f"hidden {spec.hidden_size} | data: {len(self.dataset.tokens):,} tokens "
+            f"({tokenizer_name}), {self.dataset.num_sequences:,} sequences of {self.seq_len} | "
+            f"{how} on {ctx.device.type}, {torch.get_num_threads()} threads/process | batch "
+            f"{cfg.train.global_batch_size} = {ctx.world_size} x {cfg.train.micro_batch_size} "
+            f"x {self.accum} accum | {cfg.train.dtype} | {cfg.train.steps} steps | "
+            f"run dir {run_dir}"
+        )
+
+    # ------------------------------------------------------------------ the loop
+
+    def _loop(self, run_dir: Path, start: int, log: MetricsLog | None) -> TrainResult:
+        cfg, ctx = self.config, self.ctx
+        total, every = cfg.train.steps, cfg.checkpoint.every
+        result = TrainResult(run_dir)
+        tokens = cfg.train.global_batch_size * self.seq_len
+        for step in range(start + 1, total + 1):
+            began = time.perf_counter()
+            lr = self.scheduler.get_last_lr()[0]
+            inputs, labels = self.dataset.next_batch(
+                cfg.train.global_batch_size, ctx.rank, ctx.world_size
+            )
+            loss, grad_norm = self._train_step(inputs, labels)
+            elapsed = time.perf_counter() - began
+            if not math.isfinite(loss):
+                raise ConfigError(
+                    f"optim.lr: training diverged at step {step} (loss {loss}); lower optim.lr "
+                    "or raise optim.warmup_steps"
+                )
+            rate = tokens / elapsed
+            metrics = StepMetrics(
+                step=step,
+                loss=loss,
+                lr=lr,
+                grad_norm=grad_norm,
+                tokens=tokens,
+                step_time_s=elapsed,
+                tokens_per_s=rate,
+                mfu=mfu(self.flops_per_token, rate, self.peak[0], ctx.world_size)
+                if self.peak
+                else None,
+                peak_memory_bytes=peak_memory_bytes(ctx.device),
+            )
+            result.steps.append(step)
+            result.losses.append(loss)
+            if log is not None:
+                log.write(metrics)
+            self.progress.update(metrics)
+            if every and (step % every == 0 or step == total):
+                result.checkpoint = self._save(run_dir, step)
+        return result
+
+    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+        """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
+        ctx, cfg, model = self.ctx, self.config, self.model
+        inputs, labels = inputs.to(ctx.device), labels.to(ctx.device)
+        count = int(ctx.all_reduce_sum((labels != IGNORE_INDEX).sum()).item())
+        scale = ctx.world_size / count
+        aux_coef = cfg.train.moe_aux_loss_coef / self.accum
+        loss_sum = torch.zeros((), device=ctx.device)
+        micro = cfg.train.micro_batch_size
+        for i in range(self.accum):
+            rows = slice(i * micro, (i + 1) * micro)
+            with gradient_sync(model, i == self.accum - 1):
+                with self.autocast():
+                    logits = model(inputs[rows])
+                token_loss = F.cross_entropy(
+                    logits.float().flatten(0, 1),
+                    labels[rows].flatten(),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                )
+                objective = token_loss * scale
+                aux = unwrap(model).moe_aux_loss() if aux_coef else None
+                if aux is not None:
+                    objective = objective + aux_coef * aux.float()
+                objective.backward()
+            loss_sum += token_loss.detach()
+        ctx.all_reduce_sum(loss_sum)
+        max_norm = cfg.optim.grad_clip or math.inf
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss_sum.item() / count, float(norm)
+
+    # ------------------------------------------------------------------ outputs
+
+    def _save(self, run_dir: Path, step: int) -> Path:
+        meta = {
+            "model_spec": to_dict(self.spec),
+            "config": self.config.to_dict(),
+            "data": self.dataset.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+        return ckpt.save_checkpoint(
+            self.ctx,
+            run_dir / "checkpoints",
+            step,
+            self.model,
+            self.optimizer,
+            meta,
+            self.config.checkpoint.keep,
+        )
+
+    def _finish(self, run_dir: Path) -> dict[str, Any]:
+        """Loss curve, ``summary.json`` and a printed summary (rank 0)."""
+        records = read_metrics(run_dir / "metrics.jsonl")
+        summary = summarize(records)
+        if records:
+            curve = plot_loss_curve(records, run_dir / "loss_curve.png", f"{self.spec.name} loss")
+            summary["loss_curve"] = str(curve)
+        summary["metrics"] = str(run_dir / "metrics.jsonl")
+        summary["peak_flops_source"] = self.peak[1] if self.peak else None
+        latest = run_dir / "checkpoints" / ckpt.LATEST
+        if latest.is_file():
+            summary["checkpoint"] = str(latest.parent / latest.read_text().strip())
+        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        self.progress.message(_summary_text(summary))
+        return summary
+
+
+def _summary_text(summary: dict[str, Any]) -> str:
+    if "final_loss" not in summary:
+        return "nothing to train: the checkpoint is already at train.steps"
+    mfu_text = (
+        f"{100 * summary['mfu_median']:.1f}% (peak {summary['peak_flops_source']})"
+        if summary.get("mfu_median") is not None
+        else "n/a"
+    )
+    lines = [
+        f"done: loss {summary['first_loss']:.4f} -> {summary['final_loss']:.4f} after "
+        f"{summary['steps']} steps",
+        f"  tokens/s (median) {summary['tokens_per_s_median']:,.0f}, MFU {mfu_text}, "
+        f"peak memory {format_bytes(summary['peak_memory_bytes'])}",
+        f"  metrics {summary['metrics']}",
+        f"  loss curve {summary['loss_curve']}",
+    ]
+    if "checkpoint" in summary:
+        lines.append(f"  checkpoint {summary['checkpoint']}")
+    return "\n".join(lines)

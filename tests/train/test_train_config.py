@@ -1,0 +1,192 @@
+"""TrainConfig: TOML + overrides, documented defaults, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from pathlib import Path
+
+import pytest
+
+from legato.cli.main import main
+from legato.errors import ConfigError
+from legato.train.config import (
+    TrainConfig,
+    load_config,
+    make_run_dir,
+    parse_overrides,
+    render_toml,
+    resolve_model,
+)
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def _all_fields(config: TrainConfig) -> list[str]:
+    return [
+        f"{section.name}.{f.name}"
+        for section in dataclasses.fields(config)
+        for f in dataclasses.fields(getattr(config, section.name))
+    ]
+
+
+def test_defaults_without_a_file() -> None:
+    config = load_config()
+    assert config == TrainConfig()
+    assert config.model.preset == "tiny" and config.parallel.nproc == 2
+    assert config.grad_accum_steps(2) == 1 and config.grad_accum_steps(1) == 2
+
+
+def test_every_field_is_documented() -> None:
+    for section in dataclasses.fields(TrainConfig):
+        for f in dataclasses.fields(section.default_factory()):
+            assert f.metadata.get("doc"), f"{section.name}.{f.name} has no documentation"
+
+
+def test_examples_tiny_is_the_default_spelled_out() -> None:
+    text = (EXAMPLES / "tiny.toml").read_text()
+    assert load_config(EXAMPLES / "tiny.toml") == TrainConfig()
+    table = tomllib.loads(text)
+    for name in _all_fields(TrainConfig()):
+        section, key = name.split(".")
+        assert key in table[section], f"examples/tiny.toml lacks {name}"
+
+
+def test_examples_tiny_moe_is_a_moe_model() -> None:
+    config = load_config(EXAMPLES / "tiny_moe.toml")
+    assert resolve_model(config.model).is_moe
+
+
+def test_render_toml_round_trips_a_changed_config(tmp_path: Path) -> None:
+    config = load_config(None, ["--train.steps=7", "--data.paths=['a.txt', 'b.jsonl']"])
+    config.model.overrides = {"num_layers": 2, "moe": {"top_k": 1}}
+    path = tmp_path / "config.toml"
+    path.write_text(render_toml(config, "a header"))
+    assert load_config(path) == config
+
+
+def test_file_then_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text('[train]\nsteps = 50\ndtype = "bf16"\n[optim]\nlr = 1e-3\n')
+    config = load_config(
+        path,
+        [
+            "--train.steps=60",
+            "--optim.weight-decay=0",
+            "--train.dtype=fp32",
+            "--parallel.fsdp=false",
+            "--data.paths=['x.txt']",
+            "--model.overrides.num_layers=2",
+            "--run.name=my run",
+        ],
+    )
+    assert config.train.steps == 60 and config.optim.lr == 1e-3
+    assert config.optim.weight_decay == 0.0 and config.train.dtype == "fp32"
+    assert config.parallel.fsdp is False and config.data.paths == ["x.txt"]
+    assert config.model.overrides == {"num_layers": 2} and config.run.name == "my run"
+
+
+def test_parse_overrides_values() -> None:
+    tree = parse_overrides(
+        ["--a.i=3", "--a.f=2.5e-4", "--a.s=bf16", "--a.q='3'", "--a.t.x={y = 1}"]
+    )
+    assert tree == {"a": {"i": 3, "f": 2.5e-4, "s": "bf16", "q": "3", "t": {"x": {"y": 1}}}}
+
+
+def test_model_overrides_apply_to_the_preset() -> None:
+    config = load_config(None, ["--model.overrides={num_layers = 2, hidden_size = 64}"])
+    spec = resolve_model(config.model)
+    assert (spec.num_layers, spec.hidden_size, spec.name) == (2, 64, "tiny")
+
+
+def test_make_run_dir_never_reuses_a_timestamp(tmp_path: Path) -> None:
+    run = TrainConfig().run
+    first, second = make_run_dir(run, tmp_path), make_run_dir(run, tmp_path)
+    assert first != second and first.is_dir() and second.is_dir()
+    named = dataclasses.replace(run, name="exp1")
+    assert make_run_dir(named, tmp_path) == tmp_path / "exp1"
+
+
+BAD = [
+    (["--train.stepz=3"], "train.stepz: unknown field"),
+    (["--trian.steps=3"], "trian: unknown field"),
+    (["--train.steps=abc"], "train.steps: expected an integer"),
+    (["--train.steps=0"], "train.steps: must be >= 1"),
+    (["--optim.lr=-1"], "optim.lr: must be > 0"),
+    (["--optim.beta2=1.0"], "optim.beta2: must be in [0, 1)"),
+    (["--train.dtype=fp16"], "train.dtype: must be one of 'fp32' | 'bf16'"),
+    (["--parallel.backend=mpi"], "parallel.backend: must be one of"),
+    (["--parallel.fsdp=yes"], "parallel.fsdp: expected true or false"),
+    (["--data.paths=a.txt"], "data.paths: expected list of str"),
+    (["--checkpoint.keep=0"], "checkpoint.keep: must be >= 1"),
+    (["--train.steps"], "--train.steps: overrides are written --section.key=value"),
+    (["steps=3"], "steps=3: overrides are written"),
+    (["--model.overrides.num_layer=2"], "model.overrides.num_layer: unknown field"),
+    (["--model.overrides.num_kv_heads=3"], "model.overrides: num_kv_heads must divide"),
+]
+
+
+@pytest.mark.parametrize(("args", "message"), BAD, ids=[a[0] for a, _ in BAD])
+def test_bad_input_is_one_config_error(args: list[str], message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        resolve_model(load_config(None, args).model)
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_batch_sizes_must_divide() -> None:
+    config = load_config(None, ["--train.global_batch_size=12", "--train.micro_batch_size=4"])
+    assert config.grad_accum_steps(1) == 3
+    with pytest.raises(ConfigError, match=r"train.global_batch_size: must be a multiple .* = 8"):
+        config.grad_accum_steps(2)
+
+
+def test_bad_toml_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text("[train\nsteps = 3\n")
+    with pytest.raises(ConfigError, match="malformed TOML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "missing.toml")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--train.stepz=3"], "train.stepz: unknown field"),
+        (["--train.global_batch_size=10", "--train.micro_batch_size=4"], "multiple of"),
+        (["--parallel.nproc=3", "--train.global_batch_size=16"], "= 18"),
+        (["MISSING.toml"], "MISSING.toml: file not found"),
+        (["--train.steps", "5"], "--train.steps: overrides are written --section.key=value"),
+        (["--model.preset=nosuchmodel"], "unknown model 'nosuchmodel'"),
+    ],
+)
+def test_cli_reports_config_errors_as_one_line(
+    args: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("legato: error:") and message in err and "\n" not in err
+
+
+def test_cli_vocab_smaller_than_tokenizer(
+    small_train_args, run_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = small_train_args(run_dir, "--parallel.nproc=1", "--model.overrides.vocab_size=200")
+    assert main(["train", *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "model.overrides.vocab_size" in err and "(258" in err and "\n" not in err
+
+
+def test_help_config_lists_every_field(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["train", "--help-config"]) == 0
+    out = capsys.readouterr().out
+    table = tomllib.loads(out)
+    for name in _all_fields(TrainConfig()):
+        section, key = name.split(".")
+        assert key in table[section]
