@@ -109,3 +109,27 @@ def training_flops_per_token(
     counted. Equals the familiar ``6 N + attention`` with N the active matmul weights."""
     seq_len = seq_len or spec.seq_len
     return 3 * forward_flops(spec, 1, seq_len, causal=causal).total / seq_len
+
+
+def recompute_flops(
+    spec: ModelSpec, batch: int, seq_len: int, recompute: str, *, causal: bool = True
+) -> int:
+    """FLOPs recomputation adds to a training step: full recompute reruns the forward of
+    every block (not the LM head); selective recompute reruns attention's QK^T and AV."""
+    if recompute == "none":
+        return 0
+    fwd = forward_flops(spec, batch, seq_len, causal=causal)
+    if recompute == "full":
+        return fwd.total - fwd.lm_head
+    return fwd.attention_scores
+
+
+def training_step_flops(
+    spec: ModelSpec, batch: int, seq_len: int, recompute: str = "none", *, causal: bool = True
+) -> int:
+    """FLOPs of one training step on ``batch`` sequences: three forward passes' worth
+    (forward, input and weight gradients) plus recompute. With ``recompute="none"`` and
+    ``causal=True`` these are model FLOPs (the MFU numerator); otherwise the FLOPs the
+    kernels execute (HFU)."""
+    fwd = forward_flops(spec, batch, seq_len, causal=causal).total
+    return 3 * fwd + recompute_flops(spec, batch, seq_len, recompute, causal=causal)

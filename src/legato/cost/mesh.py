@@ -1,0 +1,82 @@
+"""The communication groups of a Strategy and the link level each one crosses.
+
+Ranks are laid out row-major over ``pp, dp, cp, tp`` (outer to inner, see
+``specs/strategy.py``): an axis of size ``n`` has stride equal to the product of the
+degrees inside it, and ``ClusterSpec.level_for_group(n, stride)`` gives the slowest link its
+groups cross. 2-D tensor parallelism splits ``tp`` into ``tp_x`` (inner, stride 1) and
+``tp_y`` (stride ``tp_x``). Gradients are reduced over the ``dp x cp`` ranks that hold
+the same weights (stride ``tp``); expert parallelism folds over those same ranks,
+innermost first (stride ``tp``), and expert weights are reduced over the remaining
+``dp cp / ep`` ranks (stride ``tp ep``).
+
+Hierarchical collectives: when ``g`` members of a group sit in each domain of the level
+below its slowest one (e.g. all 8 GPUs of a node in one data-parallel group), NCCL runs one
+ring per device link and each domain receives the data once, so ring collectives use the
+``g`` devices' outer links together: ``g`` times the level's per-device bandwidth, capped
+by the inner level's. All-to-all and point-to-point traffic does not gain (each device's
+data goes to specific peers); ``Axis.link(kind)`` gives the link a collective sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from legato.specs.cluster import ClusterSpec, LinkLevel
+from legato.specs.strategy import Strategy
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One communication group type: ``size`` ranks ``stride`` apart over ``level``."""
+
+    name: str
+    size: int
+    stride: int
+    level: LinkLevel
+    ring: LinkLevel  # the level with the bandwidth ring collectives reach (see above)
+
+    def link(self, kind: str) -> LinkLevel:
+        return self.level if kind in ("all_to_all", "p2p") else self.ring
+
+
+def _ring_level(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> LinkLevel:
+    index = cluster.levels.index(level)
+    if index == 0 or size == 1:
+        return level
+    inner = cluster.levels[index - 1]
+    per_domain = min(size, inner.span // stride) if stride < inner.span else 1
+    if per_domain <= 1:
+        return level
+    bandwidth = min(level.bandwidth_gbps * per_domain, inner.bandwidth_gbps)
+    return replace(level, bandwidth_gbps=bandwidth)
+
+
+def _pp_level(cluster: ClusterSpec, pp: int, stride: int) -> LinkLevel:
+    """Slowest link between neighbouring stages (pipeline traffic is point-to-point)."""
+    if pp == 1:
+        return cluster.levels[0]
+    pairs = ((i * stride, (i + 1) * stride) for i in range(pp - 1))
+    levels = [cluster.level_of_ranks(pair) for pair in pairs]
+    return max(levels, key=cluster.levels.index)
+
+
+def mesh_axes(strategy: Strategy, cluster: ClusterSpec) -> dict[str, Axis]:
+    """Axes by name: ``tp`` (or ``tp_x`` and ``tp_y``), ``cp``, ``dp`` (gradient group,
+    dp x cp), ``ep``, ``edp`` (expert gradient group) and ``pp``. Axes of size one are
+    included with the innermost level (they send nothing)."""
+    s = strategy
+    groups = [("cp", s.cp, s.tp), ("dp", s.dp * s.cp, s.tp)]
+    if s.tp_y > 1:
+        groups += [("tp_x", s.tp_x, 1), ("tp_y", s.tp_y, s.tp_x)]
+    else:
+        groups.append(("tp", s.tp, 1))
+    if s.ep > 1:
+        groups += [("ep", s.ep, s.tp), ("edp", s.dp * s.cp // s.ep, s.tp * s.ep)]
+    axes = {}
+    for name, size, stride in groups:
+        level = cluster.level_for_group(size, stride)
+        axes[name] = Axis(name, size, stride, level, _ring_level(cluster, size, stride, level))
+    pp_stride = s.dp * s.cp * s.tp
+    level = _pp_level(cluster, s.pp, pp_stride)
+    axes["pp"] = Axis("pp", s.pp, pp_stride, level, level)
+    return axes

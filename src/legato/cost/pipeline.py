@@ -1,0 +1,93 @@
+"""Closed forms for pipeline schedules: step time with its bubble, and activation memory.
+
+``p`` stages, ``m`` micro-batches per step, ``v`` model chunks per device, ``k`` sequence
+slices per micro-batch. ``t_f`` and ``t_b`` are one micro-batch's forward and backward
+time on the slowest device (all of its chunks), ``t_w`` the weight-gradient part of
+``t_b``. These are the textbook forms (see notes/mepipe.md); ``legato.schedule`` simulates
+the exact timeline when the planner wants it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PipelineTime:
+    total_s: float  # time of the m micro-batches, bubble included
+    bubble_s: float  # idle time of the slowest device
+
+
+def pipeline_time(
+    schedule: str, p: int, m: int, v: int, k: int, t_f: float, t_b: float, t_w: float
+) -> PipelineTime:
+    """Step time of the pipelined forward/backward passes.
+
+    * gpipe, 1f1b: ``(m + p - 1)(t_f + t_b)``;
+    * interleaved: ``(m + (p - 1)/v)(t_f + t_b)``;
+    * zb-h1 (Qi et al.): bubble ``(p - 1)(t_f + t_b' - t_w)`` with ``t_b' = t_b - t_w``
+      the input-gradient part (a third of 1F1B's when the three are equal);
+    * zb-v: two chunks per device in a V; bubble ``(p - 1)(t_f + t_b' - 2 t_w)/2``, zero
+      when the three parts are equal, never negative;
+    * seq1f1b: slice units of 1/k of a micro-batch: ``(m + (p - 1)/k)(t_f + t_b)``;
+    * svpp: slices and chunks: ``(m + (p - 1)/(v k))(t_f + t_b)``.
+    """
+    work = m * (t_f + t_b)
+    if p == 1:
+        return PipelineTime(work, 0.0)
+    unit = t_f + t_b
+    t_bi = t_b - t_w
+    bubbles = {
+        "gpipe": (p - 1) * unit,
+        "1f1b": (p - 1) * unit,
+        "interleaved": (p - 1) * unit / v,
+        "zb-h1": (p - 1) * max(0.0, t_f + t_bi - t_w),
+        "zb-v": (p - 1) * max(0.0, t_f + t_bi - 2 * t_w) / 2,
+        "seq1f1b": (p - 1) * unit / k,
+        "svpp": (p - 1) * unit / (v * k),
+    }
+    bubble = bubbles[schedule]
+    return PipelineTime(work + bubble, bubble)
+
+
+def in_flight_microbatches(
+    schedule: str, p: int, m: int, v: int, k: int, cap: int = 0, stage: int = 0
+) -> float:
+    """Micro-batches whose activations (for all of a device's chunks) device ``stage``
+    holds at peak, relative to one micro-batch. Stage 0 is the most loaded.
+
+    gpipe holds all ``m``; 1F1B and ZB-H1 hold ``p - stage``; ZB-V's V shape gives every
+    device 1F1B's stage-0 memory, ``p``; interleaved 1F1B warms up ``2(p - stage - 1) +
+    (v - 1) p`` chunk units plus one (``p + (p - 1)/v`` on stage 0, Narayanan et al.);
+    slice-level 1F1B holds ``(p - stage - 1 + k)/k`` (``(p + k - 1)/k`` on stage 0); SVPP
+    ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (notes/mepipe.md for stage 0), or ``cap``
+    slice units of ``1/(v k)`` each when a memory cap is set. Never more than ``m``.
+    """
+    if p == 1:
+        return 1.0
+    if v == 1 and schedule == "interleaved":
+        schedule = "1f1b"
+    r = stage
+    forms = {
+        "gpipe": float(m),
+        "1f1b": float(p - r),
+        "zb-h1": float(p - r),
+        "zb-v": float(p),
+        "interleaved": (2 * (p - r - 1) + (v - 1) * p + 1) / v,
+        "seq1f1b": (p - r - 1 + k) / k,
+        "svpp": ((v + 1) * p + k - 2 - 2 * r) / (v * k),
+    }
+    units = forms[schedule]
+    if schedule == "svpp" and cap > 0:
+        units = min(units, cap / (v * k))
+    return min(units, float(m))
+
+
+def p2p_messages(schedule: str, v: int, k: int) -> int:
+    """Point-to-point sends per micro-batch per device in each direction: one per chunk,
+    one per slice for the slice-level schedules."""
+    slices = k if schedule in ("seq1f1b", "svpp") else 1
+    chunks = v if schedule in ("interleaved", "zb-v", "svpp") else 1
+    if schedule == "zb-v":
+        chunks = 2
+    return slices * chunks

@@ -1,0 +1,110 @@
+"""predict: step time, throughput, utilisation and memory of one training configuration.
+
+The step is the pipeline schedule's closed form (``cost.pipeline``) over the slowest
+device's per-micro-batch forward and backward (``cost.stage``: compute, recompute,
+critical and exposed communication), plus the exposed data-parallel traffic and the
+optimizer step of the device where they are largest. So that the terms explain the step:
+``step_time_s = compute_s + recompute_s + sum(exposed_comm_s) + bubble_s + optimizer_s``.
+"""
+
+from __future__ import annotations
+
+from legato.cost.calibration import CALIBRATION, Calibration
+from legato.cost.flops import training_step_flops
+from legato.cost.memory import GIB, TERMS, MemoryBreakdown
+from legato.cost.pipeline import pipeline_time
+from legato.cost.prediction import Prediction
+from legato.cost.runtime import Runtime
+from legato.cost.stage import Context, Stage, StageStep, pipeline_stages, stage_memory, stage_step
+from legato.specs.cluster import ClusterSpec
+from legato.specs.model import ModelSpec
+from legato.specs.strategy import Strategy
+
+
+def predict(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    strategy: Strategy,
+    *,
+    overlap: bool = True,
+    runtime: Runtime | None = None,
+    calibration: Calibration = CALIBRATION,
+) -> Prediction:
+    """Predict one training step of ``model`` on ``cluster`` split by ``strategy``.
+
+    Raises StrategyError (one line) when the strategy does not fit the model or the
+    device count; a configuration that does not fit in memory is returned with
+    ``fits=False`` and ``why_not_fits`` naming the largest term. ``overlap=False`` puts
+    every collective on the critical path. ``runtime`` describes the kernels (fused
+    attention, dropout, gradient reduction dtype); ``calibration`` the tuned constants.
+    """
+    strategy.check(model, cluster.world_size)
+    ctx = Context.build(model, cluster, strategy, runtime or Runtime(), calibration, overlap)
+    stages = pipeline_stages(model, strategy)
+    steps: dict[Stage, StageStep] = {}
+    memories: dict[Stage, MemoryBreakdown] = {}  # first (most loaded) device of each kind
+    for index, stage in enumerate(stages):
+        if stage not in steps:
+            steps[stage] = stage_step(ctx, stage)
+            memories[stage] = stage_memory(ctx, stage, index)
+    slowest = max(steps.values(), key=lambda x: x.t_f + x.t_b)
+    m = strategy.num_microbatches
+    chunks = 2 if strategy.schedule == "zb-v" else strategy.vpp
+    pipe = pipeline_time(
+        strategy.schedule,
+        strategy.pp,
+        m,
+        chunks,
+        strategy.slices,
+        slowest.t_f,
+        slowest.t_b,
+        slowest.t_w,
+    )
+    dp_device = max(steps.values(), key=lambda x: sum(x.exposed_step.values()) + x.optimizer_s)
+    step = pipe.total_s + sum(dp_device.exposed_step.values()) + dp_device.optimizer_s
+
+    exposed = {axis: m * t for axis, t in slowest.exposed_mb.items()}
+    exposed.update(dp_device.exposed_step)
+    comm = {axis: t for axis, t in slowest.comm_step.items() if t > 0}
+    comm.update({a: dp_device.comm_step[a] for a in dp_device.exposed_step})
+    memory = max(memories.values(), key=lambda x: x.total)
+    capacity = cluster.device.memory_gib
+    fits = memory.total / GIB <= capacity
+
+    flash = ctx.runtime.flash_attention or strategy.cp > 1
+    seq = model.seq_len
+    model_flops = training_step_flops(model, strategy.gbs, seq)
+    hw_flops = training_step_flops(model, strategy.gbs, seq, strategy.recompute, causal=flash)
+    peak = ctx.device.peak_flops * cluster.world_size
+    breakdown = {
+        "compute_s": m * slowest.compute_mb,
+        "recompute_s": m * slowest.recompute_mb,
+        "bubble_s": pipe.bubble_s,
+        "optimizer_s": dp_device.optimizer_s,
+        "exposed_comm_s": {axis: t for axis, t in exposed.items() if t > 0},
+        "comm_s": comm,
+        "memory_gib": memory.gib(),
+        "memory_stage": memory.stage,
+        "microbatches": m,
+        "levels": {a: x.level.name for a, x in ctx.axes.items() if x.size > 1},
+    }
+    return Prediction(
+        step_time_s=step,
+        tokens_per_s=strategy.gbs * seq / step,
+        mfu=model_flops / (step * peak),
+        hfu=hw_flops / (step * peak),
+        tflops_per_device=hw_flops / (step * cluster.world_size) / 1e12,
+        memory_gib=memory.total / GIB,
+        fits=fits,
+        why_not_fits="" if fits else _why_not_fits(memory, capacity),
+        breakdown=breakdown,
+    )
+
+
+def _why_not_fits(memory: MemoryBreakdown, capacity_gib: float) -> str:
+    gib = memory.gib()
+    largest = max(TERMS, key=gib.get)
+    return (
+        f"needs {memory.total / GIB:.1f} GiB on pipeline stage {memory.stage} but the device "
+        f"has {capacity_gib:g} GiB; the largest term is {largest} ({gib[largest]:.1f} GiB)"
+    )

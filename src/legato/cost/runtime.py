@@ -1,0 +1,60 @@
+"""Runtime: software choices of a training run that change its cost but not its math.
+
+The specs say what is trained and how it is split; these flags say how the kernels and
+the framework behave. The defaults describe a current PyTorch stack (fused attention, no
+dropout, gradients reduced in the training dtype); Megatron-LM of 2021-22 materialised the
+attention scores and used dropout, which ``Runtime(flash_attention=False, dropout=True)``
+describes; torchtitan-style eager PyTorch (no torch.compile) runs norms, RoPE and SwiGLU
+as separate kernels: ``fused_elementwise=False``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """``flash_attention``: a fused kernel that never stores the s x s scores and skips the
+    masked half of causal attention. ``dropout``: dropout on attention probabilities and
+    after both projections (stores a one-byte mask each). ``fused_elementwise``: norms,
+    RoPE and the gated activation are single fused kernels (Megatron, torch.compile) rather
+    than chains of eager ops. ``grad_reduce_bytes``: bytes per gradient element in the
+    data-parallel reduction (None: the training dtype's; FSDP2's default fp32 reduction
+    is 4)."""
+
+    flash_attention: bool = True
+    dropout: bool = False
+    fused_elementwise: bool = True
+    grad_reduce_bytes: int | None = None
+
+
+@dataclass(frozen=True)
+class OpBytes:
+    """Bytes read and written per element by each memory-bound op of a block (forward)."""
+
+    norm: float  # per hidden element, each of the two norms
+    residual: float  # per hidden element, each of the two residual adds (+ dropout mask)
+    rope: float  # per Q and K element
+    activation: float  # per FFN element (per expert FFN element for MoE)
+    layout: float  # per Q, K, V and output element: transposes around eager attention
+
+
+def op_bytes(runtime: Runtime, d: int, mlp: str) -> OpBytes:
+    """Fused kernels read their inputs and write their outputs once. Eager PyTorch, counted
+    op by op: RMSNorm upcasts to fp32, squares, averages, scales, downcasts and multiplies
+    by the weight (``2d + 32`` bytes); RoPE upcasts, multiplies in complex fp32 and
+    downcasts (``2d + 16``); SwiGLU runs SiLU then a product (``5d`` instead of ``3d``);
+    attention inputs and output are made contiguous around the kernel (``2d`` each)."""
+    mask = 1 if runtime.dropout else 0
+    gated = mlp == "swiglu"
+    if runtime.fused_elementwise:
+        return OpBytes(2 * d, 3 * d + mask, 2 * d, (3 if gated else 2) * d, 0.0)
+    return OpBytes(2 * d + 32, 3 * d + mask, 2 * d + 16, (5 if gated else 2) * d, 2 * d)
+
+
+def activation_bytes(dtype: str) -> int:
+    """Bytes of one activation element: fp8 training keeps activations in bf16."""
+    return max(DTYPE_BYTES[dtype], 2)

@@ -1,0 +1,49 @@
+"""The calibrated cost model against published training runs, per source table.
+
+Goal: under 10% mean error on each table. MT-NLG misses it for a reason outside the
+model's reach (see BENCHMARKS.md): its DeepSpeed run was ~25% slower per GPU than
+Megatron-LM's on the same model and GPUs (Korthikanti's Table 5, which the model matches);
+its bound guards against regressions.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from legato.cost.published import build_case, errors_by_source, evaluate, read_rows
+
+GOAL = 0.10
+KNOWN_MISSES = {"Smith2022": 0.25}
+
+
+@pytest.fixture(scope="module")
+def results():
+    return evaluate()
+
+
+def test_every_row_is_predicted(results):
+    assert len(results) == len(read_rows()) == 33
+    assert all(r.predicted > 0 for r in results)
+
+
+def test_mean_error_per_table(results):
+    errors = errors_by_source(results)
+    assert len(errors) == 6
+    for source, (mean, _, _) in errors.items():
+        bound = next((b for k, b in KNOWN_MISSES.items() if source.startswith(k)), GOAL)
+        assert mean < bound, f"{source}: mean error {mean:.1%}"
+
+
+def test_rows_map_to_the_sources_layout():
+    rows = {row["row_id"]: row for row in read_rows()}
+    ptdp = build_case(rows["ptdp-1008B"])
+    assert (ptdp.strategy.tp, ptdp.strategy.pp, ptdp.strategy.dp) == (8, 64, 6)
+    assert ptdp.strategy.num_microbatches == 512 and ptdp.strategy.recompute == "full"
+    seqsel = build_case(rows["seqsel-175B-selective+SP"])
+    assert seqsel.strategy.sp and seqsel.strategy.recompute == "selective"
+    assert seqsel.strategy.vpp == 3 and not seqsel.runtime.flash_attention
+    llama = build_case(rows["llama3-405b-16384-cp16"])
+    assert llama.counted.num_layers == 126 and llama.model.seq_len == 131072
+    assert llama.cluster.world_size == 16384 and llama.strategy.cp == 16
+    titan = build_case(rows["titan-Llama2-70B-full-2"])
+    assert titan.model.num_kv_heads == 8 and titan.strategy.zero == 3

@@ -1,0 +1,54 @@
+"""Mesh axes of a Strategy: sizes, strides and the link level each one crosses."""
+
+from __future__ import annotations
+
+import pytest
+
+from legato.cost.mesh import mesh_axes
+from legato.specs import load_cluster
+from legato.specs.strategy import Strategy
+
+NVLINK, IB = "NVLink 3", "HDR InfiniBand 200 Gb/s per GPU"
+
+
+@pytest.fixture
+def dgx4():
+    return load_cluster("dgx-a100", nodes=4)  # 32 GPUs, 8 per node
+
+
+def test_megatron_layout_puts_tp_on_nvlink_and_dp_pp_across_nodes(dgx4):
+    axes = mesh_axes(Strategy(tp=8, dp=2, pp=2, gbs=8), dgx4)
+    assert (axes["tp"].size, axes["tp"].stride, axes["tp"].level.name) == (8, 1, NVLINK)
+    assert (axes["dp"].size, axes["dp"].stride, axes["dp"].level.name) == (2, 8, IB)
+    assert (axes["pp"].stride, axes["pp"].level.name) == (16, IB)
+
+
+def test_small_groups_stay_inside_a_node(dgx4):
+    axes = mesh_axes(Strategy(tp=2, cp=2, dp=2, pp=4, gbs=8), dgx4)
+    assert axes["tp"].level.name == NVLINK
+    assert (axes["cp"].stride, axes["cp"].level.name) == (2, NVLINK)
+    assert (axes["dp"].size, axes["dp"].stride, axes["dp"].level.name) == (4, 2, NVLINK)
+    assert axes["pp"].level.name == IB  # stages are 8 ranks apart: one node each
+
+
+def test_two_dimensional_tp_splits_into_inner_and_outer_axes(dgx4):
+    axes = mesh_axes(Strategy(tp=16, tp_y=2, dp=2, gbs=2), dgx4)
+    assert (axes["tp_x"].size, axes["tp_x"].stride, axes["tp_x"].level.name) == (8, 1, NVLINK)
+    assert (axes["tp_y"].size, axes["tp_y"].stride, axes["tp_y"].level.name) == (2, 8, IB)
+
+
+def test_expert_axes_fold_over_data_parallel_ranks(dgx4):
+    axes = mesh_axes(Strategy(tp=2, dp=16, ep=4, gbs=16), dgx4)
+    assert (axes["ep"].size, axes["ep"].stride, axes["ep"].level.name) == (4, 2, NVLINK)
+    assert (axes["edp"].size, axes["edp"].stride, axes["edp"].level.name) == (4, 8, IB)
+
+
+def test_ring_collectives_use_every_nic_of_a_node(dgx4):
+    """A 32-rank data-parallel group holds all 8 GPUs of each node: its rings cross the
+    node boundary through 8 NICs at once (8 x 25 GB/s, below NVLink's 300)."""
+    wide = mesh_axes(Strategy(dp=32, gbs=32), dgx4)["dp"]
+    assert wide.level.name == IB
+    assert wide.link("all_reduce").bandwidth_gbps == 8 * 25
+    assert wide.link("all_to_all").bandwidth_gbps == 25  # point-to-point traffic does not
+    strided = mesh_axes(Strategy(tp=8, dp=4, gbs=4), dgx4)["dp"]  # one GPU per node
+    assert strided.link("all_reduce").bandwidth_gbps == 25

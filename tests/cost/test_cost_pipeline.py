@@ -1,0 +1,68 @@
+"""Closed forms of pipeline schedules: bubbles and micro-batches in flight."""
+
+from __future__ import annotations
+
+import pytest
+
+from legato.cost.pipeline import in_flight_microbatches, p2p_messages, pipeline_time
+
+P, M = 8, 32
+
+
+def test_1f1b_and_gpipe_take_m_plus_p_minus_1_slots():
+    for schedule in ("1f1b", "gpipe"):
+        t = pipeline_time(schedule, P, M, 1, 1, 1.0, 2.0, 1.0)
+        assert t.total_s == pytest.approx((M + P - 1) * 3.0)
+        assert t.bubble_s == pytest.approx((P - 1) * 3.0)
+
+
+def test_interleaving_divides_the_bubble_by_v():
+    t = pipeline_time("interleaved", P, M, 4, 1, 1.0, 2.0, 1.0)
+    assert t.total_s == pytest.approx((M + (P - 1) / 4) * 3.0)
+
+
+def test_zero_bubble_forms_with_equal_f_b_w():
+    """T_F = T_B = T_W: ZB-H1 leaves a third of 1F1B's bubble, ZB-V none."""
+    one_f_one_b = pipeline_time("1f1b", P, M, 1, 1, 1.0, 2.0, 1.0).bubble_s
+    assert pipeline_time("zb-h1", P, M, 1, 1, 1.0, 2.0, 1.0).bubble_s == pytest.approx(
+        one_f_one_b / 3
+    )
+    assert pipeline_time("zb-v", P, M, 2, 1, 1.0, 2.0, 1.0).bubble_s == 0.0
+
+
+def test_slices_shrink_the_bubble_by_k():
+    seq = pipeline_time("seq1f1b", P, M, 1, 4, 1.0, 2.0, 1.0)
+    assert seq.bubble_s / seq.total_s == pytest.approx((P - 1) / (4 * M + P - 1))
+    svpp = pipeline_time("svpp", P, M, 2, 4, 1.0, 2.0, 1.0)
+    assert svpp.bubble_s == pytest.approx((P - 1) * 3.0 / 8)
+
+
+def test_no_pipeline_has_no_bubble():
+    assert pipeline_time("1f1b", 1, 4, 1, 1, 1.0, 2.0, 1.0).bubble_s == 0.0
+
+
+def test_activation_in_flight_on_stage_0():
+    assert in_flight_microbatches("1f1b", P, M, 1, 1) == P
+    assert in_flight_microbatches("1f1b", P, M, 1, 1, stage=P - 1) == 1
+    assert in_flight_microbatches("gpipe", P, M, 1, 1) == M
+    assert in_flight_microbatches("zb-h1", P, M, 1, 1) == P
+    assert in_flight_microbatches("zb-v", P, M, 2, 1) == P
+    assert in_flight_microbatches("interleaved", P, M, 2, 1) == pytest.approx(P + (P - 1) / 2)
+    assert in_flight_microbatches("interleaved", P, M, 1, 1) == P  # v = 1 is plain 1F1B
+    assert in_flight_microbatches("1f1b", P, 3, 1, 1) == 3  # never more than m
+
+
+def test_slice_level_memory_relative_to_1f1b_matches_mepipe():
+    """notes/mepipe.md: (p + k - 1)/(k p) = 0.344 at p = 8, k = 4."""
+    relative = in_flight_microbatches("seq1f1b", 8, M, 1, 4) / 8
+    assert relative == pytest.approx(0.34375)
+    svpp = in_flight_microbatches("svpp", 8, M, 2, 4) / 8
+    assert svpp == pytest.approx((3 * 8 + 4 - 2) / (2 * 4 * 8))
+    assert in_flight_microbatches("svpp", 8, M, 2, 4, cap=8) == pytest.approx(8 / 8)
+
+
+def test_pipeline_sends_per_micro_batch():
+    assert p2p_messages("1f1b", 1, 1) == 1
+    assert p2p_messages("interleaved", 3, 1) == 3
+    assert p2p_messages("zb-v", 1, 1) == 2
+    assert p2p_messages("svpp", 2, 4) == 8

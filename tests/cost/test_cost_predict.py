@@ -1,0 +1,160 @@
+"""predict: errors, consistency of the breakdown, sanity of trends, and speed."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from legato.cost import Prediction, predict
+from legato.cost.overlap import Traffic, exposed_seconds
+from legato.specs import load_cluster, load_model
+from legato.specs.strategy import Strategy, StrategyError
+
+
+@pytest.fixture(scope="module")
+def llama8b():
+    return load_model("llama3-8b")
+
+
+def test_a_strategy_that_does_not_fit_the_model_is_one_line_error(llama8b):
+    cluster = load_cluster("dgx-a100", nodes=1)
+    with pytest.raises(StrategyError, match=r"tp \(3\) must divide num_heads") as err:
+        predict(llama8b, load_cluster("dgx-a100", nodes=3, devices_per_node=1), Strategy(tp=3))
+    assert "\n" not in str(err.value)
+    with pytest.raises(StrategyError, match="must equal the device count 8"):
+        predict(llama8b, cluster, Strategy(dp=4, gbs=4))
+
+
+def test_breakdown_explains_the_step(llama8b):
+    cluster = load_cluster("dgx-a100", nodes=4)
+    s = Strategy(tp=4, pp=4, dp=2, vpp=2, schedule="interleaved", sp=True, gbs=64, zero=1)
+    p = predict(llama8b, cluster, s)
+    b = p.breakdown
+    total = b["compute_s"] + b["recompute_s"] + b["bubble_s"] + b["optimizer_s"]
+    total += sum(b["exposed_comm_s"].values())
+    assert total == pytest.approx(p.step_time_s, rel=1e-9)
+    assert set(b["memory_gib"]) == {"params", "grads", "optimizer", "activations", "buffers"}
+    assert set(b["exposed_comm_s"]) <= set(b["comm_s"])
+    assert p.tokens_per_s == pytest.approx(64 * llama8b.seq_len / p.step_time_s)
+    assert 0 < p.mfu <= p.hfu < 1
+    assert json.loads(json.dumps(p.to_dict()))["fits"] == p.fits
+    assert isinstance(p, Prediction)
+
+
+def test_recompute_costs_time_and_saves_memory(llama8b):
+    cluster = load_cluster("dgx-a100", nodes=1)
+    runs = {
+        mode: predict(llama8b, cluster, Strategy(dp=8, gbs=64, zero=3, recompute=mode))
+        for mode in ("none", "selective", "full")
+    }
+    assert runs["none"].step_time_s < runs["selective"].step_time_s < runs["full"].step_time_s
+    assert runs["full"].memory_gib < runs["none"].memory_gib
+    assert runs["full"].hfu > runs["full"].mfu
+    assert runs["none"].hfu == pytest.approx(runs["none"].mfu)
+
+
+def test_more_data_parallel_is_faster_until_communication_dominates():
+    spec = load_model("llama2-7b")
+    steps = {}
+    for name in ("dgx-a100", "rtx4090-pcie"):
+        for dp in (8, 16, 32):
+            cluster = load_cluster(name, nodes=dp // 8)
+            strategy = Strategy(dp=dp, gbs=128, zero=3, recompute="full")
+            steps[name, dp] = predict(spec, cluster, strategy).step_time_s
+    for dp in (8, 16):  # NVLink + InfiniBand: twice the devices, about half the step
+        assert 0.45 < steps["dgx-a100", 2 * dp] / steps["dgx-a100", dp] < 0.55
+    # One 100 Gb/s NIC for 8 GPUs: leaving the node costs what the extra GPUs save.
+    assert steps["rtx4090-pcie", 16] / steps["rtx4090-pcie", 8] > 0.9
+
+
+def test_tensor_parallel_over_pcie_is_slower_than_over_nvlink():
+    spec = load_model("llama2-13b")
+    nvlink = load_cluster("dgx-a100", nodes=1)
+    pcie = load_cluster(
+        {
+            "name": "a100-pcie",
+            "device": "a100-80g",
+            "devices_per_node": 8,
+            "intra_node": {"name": "PCIe 4.0", "bandwidth_gbps": 25, "latency_us": 5.0},
+        }
+    )
+    s = Strategy(tp=8, sp=True, gbs=8, recompute="selective")
+    fast, slow = predict(spec, nvlink, s), predict(spec, pcie, s)
+    assert slow.step_time_s > 1.5 * fast.step_time_s
+    assert slow.breakdown["exposed_comm_s"]["tp"] > 5 * fast.breakdown["exposed_comm_s"]["tp"]
+
+
+def test_two_dimensional_tp_sends_less_across_nodes():
+    spec = load_model("gpt3-175b")
+    cluster = load_cluster("dgx-h100", nodes=2)
+    one_d = predict(spec, cluster, Strategy(tp=16, sp=True, gbs=4))
+    two_d = predict(spec, cluster, Strategy(tp=16, tp_y=2, sp=True, gbs=4))
+    tp_1d = one_d.breakdown["comm_s"]["tp"]
+    tp_2d = two_d.breakdown["comm_s"]["tp_x"] + two_d.breakdown["comm_s"]["tp_y"]
+    assert tp_2d < tp_1d
+    assert two_d.breakdown["levels"]["tp_y"] != two_d.breakdown["levels"]["tp_x"]
+
+
+def test_overlap_hides_data_and_context_parallel_traffic(llama8b):
+    cluster = load_cluster("dgx-a100", nodes=2)
+    s = Strategy(dp=4, cp=2, tp=2, sp=True, gbs=32, zero=1)
+    hidden, exposed = predict(llama8b, cluster, s), predict(llama8b, cluster, s, overlap=False)
+    assert hidden.step_time_s < exposed.step_time_s
+    for axis in ("cp", "dp"):
+        assert exposed.breakdown["exposed_comm_s"][axis] == pytest.approx(
+            exposed.breakdown["comm_s"][axis]
+        )
+        assert hidden.breakdown["exposed_comm_s"].get(axis, 0.0) < hidden.breakdown["comm_s"][axis]
+
+
+def test_expert_parallel_all_to_all_is_counted():
+    spec = load_model("mixtral-8x7b")
+    cluster = load_cluster("dgx-h100", nodes=4)
+    p = predict(
+        spec, cluster, Strategy(dp=16, tp=2, ep=8, sp=True, gbs=64, zero=1, recompute="full")
+    )
+    assert p.breakdown["comm_s"]["ep"] > 0
+    assert p.breakdown["levels"]["ep"].startswith("NDR")
+
+
+def test_axes_sharing_a_link_share_its_bandwidth():
+    alone = exposed_seconds([Traffic("dp", "ib", 4.0, window=3.0)], span=10.0)
+    assert alone["dp"] == pytest.approx(1.0)
+    pooled = exposed_seconds(
+        [Traffic("dp", "ib", 4.0, window=3.0), Traffic("cp", "ib", 2.0, window=1.0)], span=10.0
+    )
+    assert pooled["dp"] + pooled["cp"] == pytest.approx(3.0)  # 6 s of traffic, 3 s window
+    both = [Traffic("pp", "ib", 1.0), Traffic("dp", "ib", 1.5, window=3.0)]
+    # Background traffic keeps the link half busy during its 3 s window: the critical
+    # traffic inside that window (all of it when the step is 3 s) runs at half speed.
+    assert exposed_seconds(both, span=3.0)["pp"] == pytest.approx(1.5)
+    assert exposed_seconds(both, span=12.0)["pp"] == pytest.approx(1.125)
+    apart = [Traffic("pp", "nvlink", 1.0), Traffic("dp", "ib", 1.5, window=3.0)]
+    assert exposed_seconds(apart, span=3.0)["pp"] == pytest.approx(1.0)
+
+
+def test_llama3_405b_on_16k_h100_predicts_in_well_under_10_ms():
+    spec = load_model("llama3-405b")
+    cluster = load_cluster("dgx-h100", nodes=2048)
+    s = Strategy(
+        tp=8,
+        pp=2,
+        vpp=7,
+        dp=1024,
+        schedule="interleaved",
+        sp=True,
+        gbs=4096,
+        zero=1,
+        recompute="full",
+    )
+    predict(spec, cluster, s)
+    best = min(_timed(spec, cluster, s) for _ in range(5))
+    assert best < 0.005
+
+
+def _timed(spec, cluster, strategy) -> float:
+    start = time.perf_counter()
+    predict(spec, cluster, strategy)
+    return time.perf_counter() - start
