@@ -18,6 +18,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from legato.atomic import write_text_atomic
 from legato.schedule import (
     SCHEDULES,
     CostModel,
@@ -32,7 +33,6 @@ from legato.schedule import (
     write_chrome_trace,
     write_pareto_json,
 )
-from legato.schedule.render import write_atomic
 from legato.specs.typed import read_table_file
 
 _COST_HELP = (
@@ -97,7 +97,7 @@ def _run_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     s = build_schedule(args.schedule, stages=args.stages, microbatches=args.microbatches, **options)
     result = simulate(s, costs)
     if args.save:
-        write_atomic(args.save, lambda tmp: tmp.write_text(s.to_json(), encoding="utf-8"))
+        write_text_atomic(args.save, s.to_json())
     if args.trace:
         write_chrome_trace(result, args.trace)
     if args.png:

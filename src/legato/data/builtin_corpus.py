@@ -22,7 +22,7 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from legato.data._files import write_atomic
+from legato.atomic import write_text_atomic
 
 CORPUS_VERSION = 1
 DEFAULT_BYTES = 3_000_000
@@ -226,5 +226,5 @@ def builtin_corpus_path(
     path = Path(cache_dir) / f"builtin-corpus-v{CORPUS_VERSION}-seed{seed}-{target_bytes}.txt"
     if not path.is_file():
         text = "\n\n".join(generate_documents(seed, target_bytes)) + "\n"
-        write_atomic(path, lambda f: f.write(text), mode="w")
+        write_text_atomic(path, text)
     return path

@@ -13,7 +13,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from legato.data._files import fingerprint, write_atomic
+from legato.atomic import write_text_atomic
+from legato.data._files import fingerprint
 from legato.data.sources import read_documents, resolve_paths
 from legato.errors import DataError
 
@@ -100,7 +101,7 @@ class BpeTokenizer:
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` atomically."""
         text = self._tok.to_str()
-        return write_atomic(path, lambda f: f.write(text), mode="w")
+        return write_text_atomic(path, text)
 
     def encode(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids

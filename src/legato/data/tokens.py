@@ -16,7 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
-from legato.data._files import fingerprint, write_atomic
+from legato.atomic import write_atomic
+from legato.data._files import fingerprint
 from legato.data.sources import read_file, resolve_paths
 from legato.data.tokenizer import Tokenizer
 from legato.errors import DataError
@@ -65,7 +66,7 @@ def prepare_tokens(
     if tokens.size == 0:
         raise DataError(f"data.paths: no documents found in {', '.join(map(str, files))}")
     if cache_path is not None:
-        write_atomic(cache_path, lambda f: np.save(f, tokens, allow_pickle=False))
+        write_atomic(cache_path, lambda tmp: np.save(tmp, tokens, allow_pickle=False))
     return tokens
 
 

@@ -21,8 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -31,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import Tensor
 
+from legato.atomic import write_atomic
 from legato.errors import CheckpointError
 from legato.models.transformer import Transformer
 
@@ -125,18 +125,6 @@ def load_hf_state_dict(
         target.copy_(state[hf_key])
 
 
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    """Write through a temp file in the same folder, then rename: never half a file."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def _shards(state: dict[str, Tensor], max_bytes: int) -> list[list[str]]:
     """Greedy split of keys, in order, into groups of at most ``max_bytes`` (a larger single
     tensor gets a shard of its own)."""
@@ -176,16 +164,14 @@ def save_safetensors(
     for name, keys in zip(names, groups, strict=True):
         # Copies: per-expert views share storage, which safetensors refuses to write.
         tensors = {k: state[k].detach().to("cpu", copy=True).contiguous() for k in keys}
-        _atomic_write(
-            folder / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"})
-        )
+        write_atomic(folder / name, lambda p, t=tensors: save_file(t, p, metadata={"format": "pt"}))
         written.append(folder / name)
     if len(groups) > 1:
         index = {
             "metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())},
             "weight_map": {k: name for name, keys in zip(names, groups, strict=True) for k in keys},
         }
-        _atomic_write(folder / INDEX_FILE, lambda p: p.write_text(json.dumps(index, indent=2)))
+        write_atomic(folder / INDEX_FILE, lambda p: p.write_text(json.dumps(index, indent=2)))
         written.append(folder / INDEX_FILE)
     for stale in folder.iterdir():
         is_ours = stale.name in (SINGLE_FILE, INDEX_FILE) or _SHARD_NAME.match(stale.name)

@@ -14,9 +14,9 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from legato.atomic import write_atomic, write_text_atomic
 from legato.schedule.builders import build_schedule, default_memory_cap, memory_floor
 from legato.schedule.costs import CostModel, Costs
-from legato.schedule.render import write_atomic
 from legato.schedule.simulate import simulate
 
 
@@ -94,7 +94,7 @@ def write_pareto_json(points: Sequence[ParetoPoint], path: str | Path, **header:
         "front": [pt.label for pt in sorted(points, key=lambda q: q.peak) if pt.on_front],
     }
     text = json.dumps(data, indent=1)
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, text)
 
 
 def render_pareto_png(points: Sequence[ParetoPoint], path: str | Path, title: str = "") -> None:

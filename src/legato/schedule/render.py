@@ -9,29 +9,13 @@ micro-batch[.slice]. matplotlib is imported only here, lazily, with the Agg back
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from legato.atomic import write_atomic, write_text_atomic
 from legato.schedule.simulate import SimResult
 
 COLORS = {"F": "#4c72b0", "B": "#dd8452", "W": "#55a868", "BW": "#c44e52"}
-
-
-def write_atomic(path: str | Path, write: Callable[[Path], None]) -> None:
-    """Call ``write(tmp)`` then rename tmp onto ``path``: no half-written file is left."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=path.suffix)
-    os.close(fd)
-    try:
-        write(Path(tmp))
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def chrome_trace(result: SimResult, time_unit_us: float = 1e6) -> dict[str, Any]:
@@ -56,7 +40,7 @@ def chrome_trace(result: SimResult, time_unit_us: float = 1e6) -> dict[str, Any]
 
 def write_chrome_trace(result: SimResult, path: str | Path, time_unit_us: float = 1e6) -> None:
     text = json.dumps(chrome_trace(result, time_unit_us))
-    write_atomic(path, lambda tmp: tmp.write_text(text, encoding="utf-8"))
+    write_text_atomic(path, text)
 
 
 def _lighter(color: str) -> tuple[float, float, float]:

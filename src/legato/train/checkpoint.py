@@ -34,6 +34,7 @@ from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 import legato
+from legato.atomic import write_text_atomic
 from legato.errors import CheckpointError
 from legato.train.distributed import DistContext
 from legato.train.rng import capture_rng, restore_rng
@@ -46,16 +47,6 @@ _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 def step_dir_name(step: int) -> str:
     return f"step_{step:06d}"
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """Write to a temp file beside ``path`` and rename it over: readers see all or nothing."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
 
 
 @contextlib.contextmanager
@@ -85,7 +76,7 @@ def save_checkpoint(
     model_sd, optim_sd = get_state_dict(model, optimizer)
     with _quiet_dcp():
         dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
-    _write_atomic(tmp / f"rng_rank{ctx.rank}.json", json.dumps(capture_rng(ctx.device)))
+    write_text_atomic(tmp / f"rng_rank{ctx.rank}.json", json.dumps(capture_rng(ctx.device)))
     ctx.barrier()
     if ctx.is_main:
         files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
@@ -97,11 +88,11 @@ def save_checkpoint(
             **meta,
             "files": files,
         }
-        _write_atomic(tmp / META, json.dumps(full_meta, indent=1))
+        write_text_atomic(tmp / META, json.dumps(full_meta, indent=1))
         if final.exists():  # a re-run of this step: move the old one aside, never delete first
             os.replace(final, root / f".old_{final.name}")
         os.replace(tmp, final)
-        _write_atomic(root / LATEST, final.name + "\n")
+        write_text_atomic(root / LATEST, final.name + "\n")
         prune(root, keep, protect=final)
     ctx.barrier()
     return final
