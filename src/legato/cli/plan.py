@@ -1,0 +1,247 @@
+"""``legato predict`` and ``legato plan``: the cost model and the planner on the command line.
+
+Neither command imports torch. Models and clusters are a preset name, a TOML/JSON file or
+(in ``--batch`` lines) an inline table; strategies use the ``key=value`` syntax of
+``Strategy.parse`` (``dp=32,tp=4x2,pp=4,vpp=2,schedule=interleaved,mbs=1,gbs=512``).
+User mistakes (unknown preset, impossible strategy) are one line on stderr, exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from rich import box
+from rich.console import Console
+from rich.table import Table
+
+from legato.errors import LegatoError
+from legato.plan.report import PlanReport, make_plan
+from legato.plan.space import SearchSpace
+from legato.specs import ClusterSpec, ModelSpec, load_cluster, load_model
+from legato.specs.strategy import Strategy, StrategyError
+
+PREDICT_EPILOG = """\
+output (--json): one JSON object with model, cluster, devices, strategy, step_time_s,
+tokens_per_s, mfu, hfu, tflops_per_device, memory_gib, fits, why_not_fits and breakdown
+(compute_s, bubble_s, exposed_comm_s and comm_s per mesh axis, memory_gib per term).
+--batch FILE.jsonl: one JSON object per line, {"model": M, "cluster": C, "strategy": S,
+"nodes": N (optional), "seq": L (optional)}, M and C a preset name, a file path or an
+inline table, S a strategy string or table; prints one JSON line per input line in order
+({"error": "..."} for a bad line) and exits 2 if any line failed. Blank lines are skipped."""
+
+PLAN_EPILOG = """\
+output (--json): {model, cluster, devices, gbs, seq_len, plans: [{strategy, step_time_s,
+tokens_per_s, mfu, memory_gib, compute_s, bubble_s, exposed_comm_s, memory_by_term_gib,
+layer_comm_bytes}], runner_up, baseline (the hand heuristic's plan, same fields, or null),
+baseline_reason, gain_over_baseline (tokens/s ratio), search (counts, elapsed_s)}.
+If no strategy fits, says which memory term is too big and exits 2."""
+
+
+def _add_target(parser: argparse.ArgumentParser, required: bool) -> None:
+    parser.add_argument("--model", required=required, help="model preset name or TOML/JSON file")
+    parser.add_argument(
+        "--cluster", required=required, help="cluster preset name or TOML/JSON file"
+    )
+    parser.add_argument("--nodes", type=int, default=None, help="number of nodes")
+    parser.add_argument("--seq", type=int, default=None, help="sequence length (default: model's)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    predict = subparsers.add_parser(
+        "predict",
+        help="predict step time, throughput, MFU and memory of one strategy",
+        epilog=PREDICT_EPILOG,
+        formatter_class=fmt,
+    )
+    _add_target(predict, required=False)
+    predict.add_argument("--strategy", help="e.g. dp=8,tp=8,pp=2,sp=1,mbs=1,gbs=512")
+    predict.add_argument("--batch", metavar="FILE.jsonl", help="predict every line of a file")
+    predict.add_argument(
+        "--no-overlap", action="store_true", help="assume no communication/compute overlap"
+    )
+    predict.set_defaults(func=_run_predict)
+
+    plan = subparsers.add_parser(
+        "plan",
+        help="search the parallel space for the fastest strategies that fit",
+        epilog=PLAN_EPILOG,
+        formatter_class=fmt,
+    )
+    _add_target(plan, required=True)
+    plan.add_argument("--gbs", type=int, required=True, help="global batch size (sequences)")
+    plan.add_argument("--top", type=int, default=5, help="how many plans to show (default 5)")
+    plan.add_argument(
+        "--max-tp", type=int, default=None, help="largest TP degree (default: node/supernode)"
+    )
+    plan.add_argument("--no-2d", action="store_true", help="do not try 2-D tensor parallelism")
+    plan.set_defaults(func=_run_plan)
+
+
+def _load(model_src: Any, cluster_src: Any, nodes: int | None, seq: int | None):
+    model = load_model(model_src)
+    if seq is not None:
+        model = model.with_(seq_len=seq)
+    return model, load_cluster(cluster_src, nodes=nodes)
+
+
+def _strategy(source: Any) -> Strategy:
+    if isinstance(source, Strategy):
+        return source
+    if isinstance(source, dict):
+        items = [f"{k}={int(v) if isinstance(v, bool) else v}" for k, v in source.items()]
+        return Strategy.parse(",".join(items))
+    if isinstance(source, str):
+        return Strategy.parse(source)
+    raise StrategyError(f"strategy must be a string or a table, got {type(source).__name__}")
+
+
+def predict_one(
+    model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, overlap: bool = True
+) -> dict[str, Any]:
+    """The JSON object ``legato predict`` prints for one triple."""
+    from legato.cost.predict import predict
+
+    strategy.check(model, cluster.world_size)
+    prediction = predict(model, cluster, strategy, overlap=overlap)
+    head = {"model": model.name, "cluster": cluster.name, "devices": cluster.world_size}
+    return {**head, "strategy": strategy.to_string(), **prediction.to_dict()}
+
+
+def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
+    overlap = not args.no_overlap
+    if args.batch:
+        return _run_batch(args.batch, overlap)
+    missing = [f"--{n}" for n in ("model", "cluster", "strategy") if getattr(args, n) is None]
+    if missing:
+        raise LegatoError(f"predict needs {', '.join(missing)} (or --batch FILE.jsonl)")
+    model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
+    result = predict_one(model, cluster, _strategy(args.strategy), overlap)
+    if args.json:
+        print(json.dumps(result))
+    else:
+        _console().print(_prediction_table(result))
+    return 0
+
+
+def _batch_line(line: str, overlap: bool) -> dict[str, Any]:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise LegatoError(f"not a JSON object: {exc.msg} at column {exc.colno}") from None
+    if not isinstance(item, dict):
+        raise LegatoError("each line must be a JSON object")
+    unknown = set(item) - {"model", "cluster", "strategy", "nodes", "seq"}
+    missing = {"model", "cluster", "strategy"} - set(item)
+    if unknown or missing:
+        raise LegatoError(
+            f"line keys must be model, cluster, strategy and optional nodes, seq; "
+            f"missing {sorted(missing)}, unknown {sorted(unknown)}"
+        )
+    model, cluster = _load(item["model"], item["cluster"], item.get("nodes"), item.get("seq"))
+    return predict_one(model, cluster, _strategy(item["strategy"]), overlap)
+
+
+def _run_batch(path: str, overlap: bool) -> int:
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.read().splitlines()
+    except OSError as exc:
+        raise LegatoError(f"--batch: cannot read {path}: {exc.strerror}") from None
+    failed = 0
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            out = _batch_line(line, overlap)
+        except LegatoError as exc:
+            failed += 1
+            out = {"error": f"line {number}: {exc}"}
+        print(json.dumps(out), flush=True)
+    if failed:
+        print(f"legato: error: {failed} of the batch lines failed", file=sys.stderr)
+    return 2 if failed else 0
+
+
+def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
+    model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
+    if args.top < 1:
+        raise LegatoError(f"--top must be >= 1, got {args.top}")
+    space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d)
+    report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space)
+    if args.json:
+        print(json.dumps(report.to_dict()))
+    else:
+        _print_plan(report)
+    return 0
+
+
+def _console() -> Console:
+    console = Console()
+    return console if console.is_terminal else Console(width=180)
+
+
+def _prediction_table(result: dict[str, Any]) -> Table:
+    table = Table(title=f"{result['model']} on {result['devices']} x {result['cluster']}: "
+                  f"{result['strategy']}", box=box.SIMPLE, show_header=False)  # fmt: skip
+    for key in ("step_time_s", "tokens_per_s", "mfu", "hfu", "tflops_per_device", "memory_gib"):
+        table.add_row(key, f"{result[key]:.4g}")
+    table.add_row("fits", "yes" if result["fits"] else f"no: {result['why_not_fits']}")
+    for key, value in result["breakdown"].items():
+        if isinstance(value, dict):
+            key = "memory_gib by term" if key == "memory_gib" else key
+            table.add_row(key, ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "-")
+        else:
+            table.add_row(key, _fmt(value))
+    return table
+
+
+def _fmt(value: Any) -> str:
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _axes(terms: dict[str, float]) -> str:
+    return ", ".join(f"{k} {v:.3g}" for k, v in terms.items() if v) or "-"
+
+
+def _print_plan(report: PlanReport) -> None:
+    data = report.to_dict()
+    console = _console()
+    table = Table(
+        title=f"{data['model']} on {data['devices']} x {data['cluster']}, gbs={data['gbs']}, "
+        f"seq={data['seq_len']}",
+        box=box.SIMPLE,
+    )
+    table.add_column("#", justify="right")
+    table.add_column("strategy", overflow="fold")
+    for column in ("tokens/s", "step s", "MFU", "GiB", "compute s", "bubble s"):
+        table.add_column(column, justify="right")
+    table.add_column("exposed comm s", overflow="fold")
+    rows = [(str(i), p) for i, p in enumerate(data["plans"], 1)]
+    if data["baseline"] is not None:
+        rows.append(("base", data["baseline"]))
+    for rank, p in rows:
+        table.add_row(
+            rank, p["strategy"], f"{p['tokens_per_s']:,.0f}", f"{p['step_time_s']:.4g}",
+            f"{p['mfu']:.1%}", f"{p['memory_gib']:.1f}", f"{p['compute_s'] or 0:.4g}",
+            f"{p['bubble_s'] or 0:.4g}", _axes(p["exposed_comm_s"]),
+        )  # fmt: skip
+    console.print(table)
+    if data["runner_up"]:
+        console.print(data["runner_up"])
+    if data["gain_over_baseline"] is not None:
+        console.print(
+            f"predicted gain over the heuristic (base): {data['gain_over_baseline']:.3f}x"
+        )
+    else:
+        console.print(f"heuristic: {data['baseline_reason']}")
+    stats = data["search"]
+    console.print(
+        f"searched {stats['shapes']} factorisations, scored {stats['scored']} candidates "
+        f"({stats['fits']} fit, {stats['skipped_dominated']} dominated skipped) "
+        f"in {stats['elapsed_s']:.2f} s"
+    )

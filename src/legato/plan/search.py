@@ -1,0 +1,194 @@
+"""Search the parallel space for the fastest strategies that fit, scored by the cost model.
+
+For every factorisation and execution option (``plan.space``) the memory settings are
+tried in a grid, ZeRO stage down and recompute across (``space.memory_ladder``). Both
+axes save memory and cost time, so once a cell fits, every cell below-right of it is
+*dominated*: the walk tries each row only up to the first fitting cell and never further
+right than the best row above. A schedule that fits at no memory setting for one
+micro-batch size is not tried with larger ones. And the grid's first cell is its fastest:
+if that is already slower than the k-th best plan found so far, the rest of the grid is
+skipped (``SearchSpace.prune_slow``; off when every candidate is wanted, e.g. for a
+Pareto front). The scorer is injected (``legato.cost.predict.predict`` by default)
+so the search can be tested against a known model.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from legato.errors import LegatoError
+from legato.plan.errors import PlanError
+from legato.plan.space import (
+    SearchSpace,
+    execution_options,
+    fast_domain,
+    is_valid,
+    memory_ladder,
+    shapes,
+    strategy_of,
+)
+from legato.specs.cluster import ClusterSpec
+from legato.specs.model import ModelSpec
+from legato.specs.strategy import Strategy
+
+
+class PredictionLike(Protocol):
+    step_time_s: float
+    tokens_per_s: float
+    mfu: float
+    memory_gib: float
+    fits: bool
+    why_not_fits: str
+    breakdown: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+Scorer = Callable[[ModelSpec, ClusterSpec, Strategy], PredictionLike]
+
+
+def default_scorer() -> Scorer:
+    from legato.cost.predict import predict  # the cost model; imported on first use
+
+    return predict
+
+
+@dataclass(frozen=True)
+class Scored:
+    strategy: Strategy
+    prediction: PredictionLike
+
+    def rank_key(self) -> tuple[float, float, str]:
+        """Fastest first; ties go to the smaller memory footprint, then the string."""
+        p = self.prediction
+        return (-p.tokens_per_s, p.memory_gib, self.strategy.to_string())
+
+
+@dataclass
+class SearchStats:
+    shapes: int = 0
+    candidates: int = 0
+    invalid: int = 0
+    scored: int = 0
+    fits: int = 0
+    skipped_dominated: int = 0
+    skipped_slow: int = 0
+    first_invalid: str = ""
+
+
+@dataclass
+class SearchResult:
+    """Ranked fitting plans (best first), every scored candidate, and counts."""
+
+    ranked: list[Scored]
+    scored: list[Scored] = field(repr=False)
+    stats: SearchStats
+
+    @property
+    def best(self) -> Scored | None:
+        return self.ranked[0] if self.ranked else None
+
+
+def _walk_ladder(
+    grid: list[list[Strategy]],
+    score: Callable[[Strategy], Scored | None],
+    stats: SearchStats,
+    threshold: float,
+) -> bool | None:
+    """Score the non-dominated cells of the memory grid. True if one fitted, False if
+    none did, None if the grid was abandoned: its fastest cell (the first) is no faster
+    than ``threshold`` tokens/s, so no cell of it can make the top-k."""
+    limit = len(grid[0])  # cells at or right of a fitting column are dominated
+    tried = 0
+    cells = sum(len(row) for row in grid)
+    for row in grid:
+        for col in range(limit):
+            tried += 1
+            scored = score(row[col])
+            if scored is not None and scored.prediction.fits:
+                limit = col
+                break
+            if tried == 1 and scored is not None and scored.prediction.tokens_per_s <= threshold:
+                stats.skipped_slow += cells - tried
+                return None
+        if limit == 0:
+            break
+    stats.skipped_dominated += cells - tried
+    return limit < len(grid[0])
+
+
+def search(
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    gbs: int,
+    *,
+    top_k: int = 5,
+    space: SearchSpace | None = None,
+    scorer: Scorer | None = None,
+) -> SearchResult:
+    """The ``top_k`` fastest strategies for ``gbs`` sequences per step that fit."""
+    if gbs < 1:
+        raise PlanError(f"gbs must be >= 1, got {gbs}")
+    space = space or SearchSpace()
+    scorer = scorer or default_scorer()
+    devices = cluster.world_size
+    max_tp = space.max_tp or fast_domain(cluster)
+    stats = SearchStats()
+    scored: list[Scored] = []
+    best: list[float] = []  # min-heap of the top_k fitting throughputs so far
+
+    def score(strategy: Strategy) -> Scored | None:
+        stats.candidates += 1
+        problem = is_valid(strategy, model, devices)
+        prediction = None
+        try:
+            if problem is None:
+                prediction = scorer(model, cluster, strategy)
+        except LegatoError as exc:  # a rule the cost model knows and the space does not
+            problem = str(exc)
+        if prediction is None:
+            stats.invalid += 1
+            stats.first_invalid = stats.first_invalid or problem
+            return None
+        stats.scored += 1
+        result = Scored(strategy, prediction)
+        stats.fits += result.prediction.fits
+        scored.append(result)
+        if result.prediction.fits:
+            heapq.heappush(best, result.prediction.tokens_per_s)
+            if len(best) > top_k:
+                heapq.heappop(best)
+        return result
+
+    def threshold() -> float:
+        return best[0] if space.prune_slow and len(best) == top_k else -1.0
+
+    for shape in shapes(model, devices, space, max_tp):
+        stats.shapes += 1
+        failed: set[tuple] = set()  # schedules that fit at no memory setting
+        for options in execution_options(model, shape, gbs, space):
+            schedule = tuple((k, v) for k, v in options.items() if k != "mbs")
+            if schedule in failed:
+                continue  # it failed at a smaller micro-batch, which needs less memory
+            base = strategy_of(shape, options, gbs, space)
+            if _walk_ladder(memory_ladder(base, space), score, stats, threshold()) is False:
+                failed.add(schedule)
+    fitting = sorted((s for s in scored if s.prediction.fits), key=Scored.rank_key)
+    return SearchResult(fitting[:top_k], scored, stats)
+
+
+def pareto_front(scored: list[Scored]) -> list[Scored]:
+    """Fitting plans not beaten on both throughput and memory, by increasing memory."""
+    front: list[Scored] = []
+    best = -1.0
+    for s in sorted(
+        (s for s in scored if s.prediction.fits),
+        key=lambda s: (s.prediction.memory_gib, -s.prediction.tokens_per_s),
+    ):
+        if s.prediction.tokens_per_s > best:
+            front.append(s)
+            best = s.prediction.tokens_per_s
+    return front

@@ -1,0 +1,138 @@
+"""`legato predict` and `legato plan`: JSON contract, batch mode, one-line errors, no torch."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from legato.cli import main as cli
+
+FIELDS = {"step_time_s", "tokens_per_s", "mfu", "memory_gib", "fits", "breakdown"}
+GOOD = "dp=8,tp=8,sp=1,zero=1,gbs=256"
+
+
+@pytest.fixture(autouse=True)
+def only_plan_group(monkeypatch):
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("plan",))
+
+
+def run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_predict_json(capsys):
+    code, out, _ = run(capsys, "predict", "--model", "llama3-70b", "--cluster", "dgx-h100",
+                       "--nodes", "8", "--strategy", GOOD, "--json")  # fmt: skip
+    assert code == 0
+    result = json.loads(out)
+    assert set(result) >= FIELDS
+    assert result["devices"] == 64 and result["strategy"] == "dp=8,tp=8,pp=1,sp=1,zero=1,gbs=256"
+    assert {"compute_s", "bubble_s", "exposed_comm_s", "comm_s", "memory_gib"} <= set(
+        result["breakdown"]
+    )
+
+
+def test_predict_table_and_files(capsys, tmp_path):
+    model = tmp_path / "m.json"
+    model.write_text(json.dumps({"hidden_size": 256, "num_layers": 4, "num_heads": 8,
+                                 "vocab_size": 1024, "seq_len": 512}))  # fmt: skip
+    code, out, _ = run(capsys, "predict", "--model", str(model), "--cluster", "dgx-a100",
+                       "--strategy", "dp=4,tp=2,gbs=8", "--seq", "256")  # fmt: skip
+    assert code == 0
+    assert "step_time_s" in out and "exposed_comm_s" in out and "8 x dgx-a100" in out
+
+
+@pytest.mark.parametrize(
+    "strategy, fragment",
+    [
+        ("dp=8,tp=4,gbs=256", "pp*dp*cp*tp = 1*8*1*4 = 32 must equal the device count 64"),
+        ("dp=8,tp=3,gbs=256", "must equal the device count 64"),
+        ("dp=2,tp=32,gbs=256", "tp (32) must divide num_kv_heads (8)"),
+        ("dp=8,tp=8,gbs=100", "gbs (100) must be a multiple of mbs*dp"),
+        ("dp=8,tq=8", "bad item 'tq=8'"),
+    ],
+)
+def test_impossible_strategy_is_one_line_exit_2(capsys, strategy, fragment):
+    code, out, err = run(capsys, "predict", "--model", "llama3-70b", "--cluster", "dgx-h100",
+                         "--nodes", "8", "--strategy", strategy)  # fmt: skip
+    assert code == 2 and out == ""
+    assert fragment in err and err.count("\n") == 1
+
+
+def test_predict_without_target_says_what_is_missing(capsys):
+    code, _, err = run(capsys, "predict", "--model", "llama3-8b")
+    assert code == 2 and "--cluster, --strategy" in err
+
+
+def test_batch_keeps_order_and_reports_bad_lines(capsys, tmp_path):
+    lines = [
+        {"model": "llama3-70b", "cluster": "dgx-h100", "nodes": 8, "strategy": GOOD},
+        {"model": {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "vocab_size": 512,
+                   "seq_len": 256}, "cluster": "dgx-a100",
+         "strategy": {"dp": 2, "tp": "2x2", "sp": True, "gbs": 4}},
+        "not json",
+        {"model": "llama9", "cluster": "dgx-h100", "strategy": GOOD},
+        {"model": "llama3-70b", "cluster": "dgx-h100", "nodes": 8, "strategy": "dp=8,tp=3"},
+        "",
+        {"model": "llama3-8b", "cluster": "dgx-a100", "strategy": "dp=8,gbs=8", "seq": 4096},
+    ]  # fmt: skip
+    path = tmp_path / "in.jsonl"
+    path.write_text("\n".join(x if isinstance(x, str) else json.dumps(x) for x in lines) + "\n")
+    code, out, err = run(capsys, "predict", "--batch", str(path))
+    results = [json.loads(line) for line in out.splitlines()]
+    assert code == 2 and "3 of the batch lines failed" in err
+    assert len(results) == 6  # the blank line is skipped
+    assert set(results[0]) >= FIELDS and results[0]["devices"] == 64
+    assert results[1]["strategy"] == "dp=2,tp=2x2,pp=1,sp=1,gbs=4"
+    assert results[2]["error"].startswith("line 3: not a JSON object")
+    assert "line 4: unknown model 'llama9'" in results[3]["error"]
+    assert "line 5: strategy: pp*dp*cp*tp" in results[4]["error"]
+    assert set(results[5]) >= FIELDS and results[5]["devices"] == 8
+
+
+def test_plan_json(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                       "--nodes", "2", "--gbs", "64", "--top", "2", "--json")  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    assert report["devices"] == 16 and report["gbs"] == 64 and len(report["plans"]) == 2
+    best = report["plans"][0]
+    assert {"strategy", "tokens_per_s", "mfu", "memory_gib", "exposed_comm_s"} <= set(best)
+    assert report["baseline"]["strategy"].startswith("dp=2,tp=8")
+    assert report["gain_over_baseline"] == pytest.approx(
+        best["tokens_per_s"] / report["baseline"]["tokens_per_s"]
+    )
+    assert report["search"]["scored"] > 0 and report["runner_up"].startswith("#2")
+
+
+def test_plan_table(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "tiny", "--cluster", "dgx-a100", "--gbs", "16",
+                       "--top", "3", "--max-tp", "2", "--no-2d")  # fmt: skip
+    assert code == 0
+    assert "tiny on 8 x dgx-a100" in out and "base" in out and "searched" in out
+
+
+def test_plan_that_fits_nowhere_says_why(capsys):
+    code, out, err = run(capsys, "plan", "--model", "llama3-405b", "--cluster", "dgx-a100",
+                         "--gbs", "8")  # fmt: skip
+    assert code == 2 and out == ""
+    assert "does not fit on 8 devices of 80 GiB" in err and "largest term" in err
+
+
+def test_commands_do_not_import_torch(tmp_path):
+    code = (
+        "import sys, io, contextlib\n"
+        "from legato.cli.main import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        "    main(['plan', '--model', 'tiny', '--cluster', 'dgx-a100', '--gbs', '8', '--json'])\n"
+        "    main(['predict', '--model', 'tiny', '--cluster', 'dgx-a100', '--strategy',"
+        " 'dp=8,gbs=8', '--json'])\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,80 @@
+"""The search space: factorisations of the device count and the options of each."""
+
+from __future__ import annotations
+
+import itertools
+
+from legato.plan.space import (
+    SearchSpace,
+    execution_options,
+    fast_domain,
+    memory_ladder,
+    shapes,
+    strategy_of,
+)
+from legato.specs import load_cluster, load_model
+from legato.specs.model import ModelSpec, MoESpec
+
+SPEC = ModelSpec(name="s", hidden_size=64, num_layers=12, num_heads=8, num_kv_heads=8,
+                 vocab_size=256, seq_len=4096)  # fmt: skip
+
+
+def test_fast_domain_is_the_node_or_the_supernode():
+    assert fast_domain(load_cluster("dgx-h100", nodes=4)) == 8
+    assert fast_domain(load_cluster("cloudmatrix384", nodes=96)) == 384
+    assert fast_domain(load_cluster("cloudmatrix384", nodes=2)) == 16
+    assert fast_domain(load_cluster("dgx-a100", nodes=1)) == 8
+
+
+def test_factorisations_are_exactly_the_rule_abiding_ones():
+    devices, space = 64, SearchSpace(max_cp=4, min_cp_tokens=1024)
+    got = {(s.dp, s.tp, s.tp_y, s.pp, s.cp) for s in shapes(SPEC, devices, space, max_tp=8)}
+    want = set()
+    for dp, tp, pp, cp in itertools.product(range(1, 65), (1, 2, 4, 8), range(1, 13), (1, 2, 4)):
+        if dp * tp * pp * cp != devices or SPEC.num_layers % pp:
+            continue
+        for tp_y in [1] + [y for y in (2, 4) if tp >= 4 and y <= tp // 2]:
+            want.add((dp, tp, tp_y, pp, cp))
+    assert got == want
+    assert all(s.dp * s.tp * s.pp * s.cp == devices for s in shapes(SPEC, devices, space, 8))
+
+
+def test_moe_shapes_add_expert_parallel_degrees_and_no_2d():
+    moe = SPEC.with_(moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=32))
+    found = list(shapes(moe, 16, SearchSpace(), max_tp=4))
+    assert {s.tp_y for s in found} == {1}
+    assert all(8 % s.ep == 0 and (s.dp * s.cp) % s.ep == 0 for s in found)
+    assert {s.ep for s in found if s.dp * s.cp == 16} == {1, 2, 4, 8}
+
+
+def test_schedule_options_respect_the_schedule_rules():
+    space = SearchSpace()
+    [shape] = [s for s in shapes(SPEC, 8, space, 1) if s.pp == 4 and s.cp == 1]
+    options = list(execution_options(SPEC, shape, gbs=16, space=space))
+    for o in options:
+        m = 16 // (shape.dp * o["mbs"])
+        assert m >= shape.pp
+        if o["schedule"] == "interleaved":
+            assert m % shape.pp == 0 and o["vpp"] >= 2 and (SPEC.num_layers // 4) % o["vpp"] == 0
+        if o["schedule"] == "zb-v":
+            assert o["vpp"] == 2
+    names = {o["schedule"] for o in options}
+    assert names == {"1f1b", "zb-h1", "interleaved", "svpp"}  # 3 layers per stage: no zb-v
+    assert shape.dp == 2 and {o["mbs"] for o in options} == {1, 2}  # m >= pp = 4
+
+
+def test_memory_ladder_rows_and_columns():
+    shape = next(iter(shapes(SPEC, 8, SearchSpace(), 1)))
+    base = strategy_of(shape, {"mbs": 1, "schedule": "1f1b"}, 64, SearchSpace())
+    grid = memory_ladder(base, SearchSpace())
+    if base.dp * base.cp > 1:
+        assert [row[0].zero for row in grid] == [1, 2, 3]
+    assert [s.recompute for s in grid[0]] == ["none", "selective", "full"]
+
+
+def test_presets_give_a_sensible_space_size():
+    model = load_model("llama3-405b")
+    found = list(shapes(model, 16384, SearchSpace(), max_tp=8))
+    assert {s.pp for s in found} == {1, 2}  # 126 layers: pp must divide 126 and 16384
+    assert max(s.tp for s in found) == 8
+    assert len(found) < 100
