@@ -51,3 +51,10 @@ def test_expert_parallel_constraints():
     Strategy.parse("dp=8,ep=8,gbs=8").check(mixtral, 8)
     with pytest.raises(StrategyError, match=r"ep \(3\) must divide moe\.num_experts"):
         Strategy.parse("dp=3,ep=3,gbs=3,tp=1").check(mixtral.with_(num_layers=32), 3)
+
+
+def test_2d_tensor_parallel_splits_heads_over_tp_y_only():
+    llama = load_model("llama3-8b")  # 32 heads, 8 KV heads
+    Strategy.parse("tp=2x8,gbs=1").check(llama, 16)  # tp=16 > 8 KV heads, but tp_y=8 divides
+    with pytest.raises(StrategyError, match=r"tp_y \(16\) must divide num_kv_heads \(8\)"):
+        Strategy.parse("tp=1x16,gbs=1").check(llama, 16)

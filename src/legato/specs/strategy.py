@@ -100,8 +100,11 @@ class Strategy:
                 f"strategy: pp*dp*cp*tp = {self.pp}*{self.dp}*{self.cp}*{self.tp} = "
                 f"{self.world_size} must equal the device count {devices}"
             )
-        _divides(self.tp, model.num_heads, "tp", "num_heads")
-        _divides(self.tp, model.num_kv_heads, "tp", "num_kv_heads")
+        # 1-D TP splits heads over all tp ranks; 2-D TP splits them over tp_y only (tp_x
+        # splits the sequence), as in the weight-stationary layout of the planner.
+        heads_split, name = (self.tp_y, "tp_y") if self.tp_y > 1 else (self.tp, "tp")
+        _divides(heads_split, model.num_heads, name, "num_heads")
+        _divides(heads_split, model.num_kv_heads, name, "num_kv_heads")
         _divides(self.tp, model.vocab_size, "tp", "vocab_size")
         _divides(self.pp * self.vpp, model.num_layers, "pp*vpp", "num_layers")
         if self.gbs % (self.mbs * self.dp):
