@@ -190,3 +190,19 @@ def test_help_config_lists_every_field(capsys: pytest.CaptureFixture[str]) -> No
     for name in _all_fields(TrainConfig()):
         section, key = name.split(".")
         assert key in table[section]
+
+
+def test_cli_failed_run_leaves_no_run_directory(
+    tmp_path: Path, data_cache: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "short.txt").write_text("far too short to fill one sequence\n")
+    runs = tmp_path / "runs"
+    args = [
+        f"--data.paths=['{tmp_path / 'short.txt'}']",
+        f"--data.cache_dir={data_cache}",
+        f"--run.dir={runs / 'failed'}",
+        "--parallel.nproc=1",
+    ]
+    assert main(["train", *args]) == 2
+    assert "fewer than one sequence" in capsys.readouterr().err
+    assert not (runs / "failed").exists()

@@ -83,18 +83,27 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
             raise ConfigError(
                 f"parallel.nproc: {nproc} processes but only {torch.cuda.device_count()} GPUs"
             )
+    if config.data.paths:  # a missing file fails here, before any directory or process
+        from legato.data import resolve_paths
+
+        resolve_paths(config.data.paths)
     run_dir = make_run_dir(config.run)
     print(f"run directory: {run_dir}", flush=True)
-    if nproc == 1:
-        from legato.train.trainer import Trainer
+    code = 1
+    try:
+        if nproc == 1:
+            from legato.train.trainer import Trainer
 
-        config = dataclasses.replace(config, run=dataclasses.replace(config.run, dir=str(run_dir)))
-        Trainer(config).fit()
-        code = 0
-    else:
-        argv = ["-m", "legato.cli.main", "train"]
-        argv += [config_path] if config_path else []
-        code = _launch(nproc, [*argv, *extra, f"--run.dir={run_dir}"])
+            run = dataclasses.replace(config.run, dir=str(run_dir))
+            Trainer(dataclasses.replace(config, run=run)).fit()
+            code = 0
+        else:
+            argv = ["-m", "legato.cli.main", "train"]
+            argv += [config_path] if config_path else []
+            code = _launch(nproc, [*argv, *extra, f"--run.dir={run_dir}"])
+    finally:
+        if code != 0 and not any(run_dir.iterdir()):
+            run_dir.rmdir()  # a run that failed before writing anything leaves no trace
     print(f"run directory: {run_dir}", flush=True)
     return code
 
