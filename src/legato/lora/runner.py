@@ -1,0 +1,138 @@
+"""``legato finetune``: from a :class:`FinetuneConfig` to one saved PEFT adapter per task.
+
+Everything a user can get wrong (the base model, its weights, the tokenizer, each task's
+data file, target modules and sizes) is checked before the first step, so a bad task
+stops the run before anything is written and adapters saved by earlier runs stay as they
+are. Per-task step records go to ``<output_dir>/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import TextIO
+
+import torch
+
+from legato.data.tokenizer import load_tokenizer
+from legato.errors import CheckpointError, ConfigError, DataError
+from legato.lora.adapter import AdapterShape, resolve_targets
+from legato.lora.config import FinetuneConfig, ScheduleSection, TaskSection
+from legato.lora.packed_model import MultiLoraModel
+from legato.lora.profile import (
+    activation_bytes_per_token,
+    memory_budget_bytes,
+    probe_adapter,
+    profile_cost,
+)
+from legato.lora.progress import TaskProgress
+from legato.lora.scheduler import PackingScheduler
+from legato.lora.task_data import TaskStream, read_task_stream
+from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
+from legato.models import build_model, load_safetensors
+
+_PROFILE_POINTS = 6
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("run.device: 'cuda' was asked for but no GPU is available")
+    return torch.device(name)
+
+
+def build_backbone(config: FinetuneConfig, device: torch.device) -> MultiLoraModel:
+    spec = config.base.spec()
+    dtype = torch.bfloat16 if config.run.dtype == "bf16" else torch.float32
+    model = build_model(spec, seed=config.run.seed, device=device, dtype=dtype)
+    if config.base.weights:
+        try:
+            load_safetensors(model, Path(config.base.weights).expanduser())
+        except CheckpointError as exc:
+            raise CheckpointError(f"base.weights: {exc}") from None
+    return MultiLoraModel(model)
+
+
+def read_tasks(config: FinetuneConfig, model: MultiLoraModel) -> dict[str, TaskStream]:
+    """Check every task against the model and tokenise its data, naming the task on error."""
+    tokenizer = load_tokenizer(config.run.tokenizer)
+    vocab = model.base.spec.vocab_size
+    if tokenizer.vocab_size > vocab:
+        raise ConfigError(
+            f"run.tokenizer: {tokenizer.vocab_size} token ids do not fit the base model's "
+            f"vocab_size {vocab}"
+        )
+    streams = {}
+    for task in config.tasks:
+        task.check_fits(model.base.spec, f"tasks.{task.name}")
+        resolve_targets(model.base, task.target_modules, f"tasks.{task.name}")
+        try:
+            streams[task.name] = read_task_stream(task.data, tokenizer)
+        except DataError as exc:
+            raise DataError(f"tasks.{task.name}.data: {exc}") from None
+    return streams
+
+
+def build_scheduler(
+    section: ScheduleSection, model: MultiLoraModel, tasks: list[TaskSection]
+) -> PackingScheduler:
+    """Token budget from memory (or the config), speed profile from timing the fused step."""
+    shapes = [AdapterShape(t.rank, t.alpha, 0.0, tuple(t.target_modules)) for t in tasks]
+    probe = probe_adapter(model, shapes)
+    longest = max(t.seq_len for t in tasks)
+    demand = sum(t.batch_size * t.seq_len for t in tasks)
+    if section.max_tokens_per_step:
+        max_tokens = section.max_tokens_per_step
+    else:
+        device = model.base.output_weight().device
+        budget = section.memory_budget_gb * 2**30 or memory_budget_bytes(device)
+        max_tokens = int(budget // activation_bytes_per_token(model, probe, longest))
+    max_tokens = max(1, min(max_tokens, demand))
+    profile = None
+    if section.profile and max_tokens >= longest:
+        counts = [longest * 2**i for i in range(_PROFILE_POINTS) if longest * 2**i < max_tokens]
+        profile = profile_cost(model, probe, longest, [*counts, max_tokens])
+    return PackingScheduler(max_tokens, profile)
+
+
+def finetune(config: FinetuneConfig, stream: TextIO | None = None) -> dict[str, Path]:
+    """Train every task of ``config``; returns each task's adapter folder."""
+    device = resolve_device(config.run.device)
+    torch.manual_seed(config.run.seed)
+    model = build_backbone(config, device)
+    streams = read_tasks(config, model)
+    scheduler = build_scheduler(config.schedule, model, config.tasks)
+    output = Path(config.run.output_dir).expanduser()
+    trainer = MultiTaskTrainer(
+        model, scheduler, output_dir=output, base_model=config.base.weights or config.base.preset
+    )
+    for task in config.tasks:
+        trainer.add_task(task, streams[task.name])
+    output.mkdir(parents=True, exist_ok=True)
+    progress = TaskProgress(config.run.log_every, stream)
+    saved: dict[str, Path] = {}
+    with (output / "metrics.jsonl").open("a", encoding="utf-8") as log:
+
+        def on_step(record: TaskStepRecord) -> None:
+            log.write(json.dumps(dataclasses.asdict(record)) + "\n")
+            log.flush()
+            progress.update(record)
+
+        def on_finish(name: str, path: Path | None) -> None:
+            saved[name] = path
+            progress.finish(name, path)
+
+        trainer.on_step, trainer.on_finish = on_step, on_finish
+        for task in config.tasks:
+            progress.add(task.name, task.steps)
+        progress.message(
+            f"fine-tuning {len(config.tasks)} task(s) on {model.base.spec.name} ({device}); "
+            f"fused-step budget {scheduler.max_tokens:,} tokens, target {scheduler.target_tokens:,}"
+        )
+        try:
+            trainer.run()
+        finally:
+            progress.close()
+    return saved
