@@ -11,11 +11,13 @@ a stage (tokens spread evenly over experts) and MoE blocks assume sequence paral
 when ``tp > 1`` (tokens are dispatched from their TP shard). MLA's low-rank projections
 are treated as one projection of the same total weight, split by ``tp``. 2-D tensor
 parallelism splits the same FLOPs over ``tp`` devices (GEMM shapes as in 1-D); only its
-communication differs.
+communication differs. Tensor-parallel collectives are those of the planner's SBP layouts
+(:func:`tp_collectives`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from legato.cost.compute import DeviceModel, Gemm
@@ -37,6 +39,14 @@ class Comm:
 
 
 @dataclass(frozen=True)
+class PassComms:
+    """Collectives of one part for one micro-batch: one forward and one backward pass."""
+
+    forward: tuple[Comm, ...]
+    backward: tuple[Comm, ...]
+
+
+@dataclass(frozen=True)
 class LayerWork:
     """Seconds and FLOPs of one block on one device for one micro-batch."""
 
@@ -46,7 +56,8 @@ class LayerWork:
     attn_fwd_s: float  # attention core forward (selective recompute reruns it)
     attn_bwd_s: float
     overlap_fwd_s: float  # compute an EP all-to-all can hide behind (attention + shared)
-    comms: tuple[Comm, ...] = field(default=())  # forward; the backward mirrors them
+    comms: tuple[Comm, ...] = field(default=())  # forward (rerun by full recompute)
+    bwd_comms: tuple[Comm, ...] = field(default=())  # backward
 
 
 def head_dims(model: ModelSpec) -> tuple[int, int]:
@@ -97,7 +108,8 @@ def layer_work(
 
     n_in = 2 if model.mlp == "swiglu" else 1
     overlap = attn_fwd
-    comms: list[Comm] = _tp_comms(strategy, tokens * h * d)  # attention sub-block
+    tp = tp_collectives(model, strategy, "moe" if is_moe else "dense")
+    fwd, bwd = list(tp.forward), list(tp.backward)
     if is_moe:
         moe = model.moe
         routed = tokens * moe.top_k / t  # expert-token pairs this device computes
@@ -116,18 +128,21 @@ def layer_work(
             elementwise += ops.activation * tokens * f_s / t
             overlap += sum(device.gemm_time(g) for g in shared)
         if strategy.ep > 1:
-            comms.append(Comm("ep", "all_to_all", routed * h * d, 2))  # dispatch, combine
-        if moe.num_shared_experts or strategy.etp > 1:  # these need the gathered tokens
-            comms += _tp_comms(strategy, tokens * h * d)
+            a2a = Comm("ep", "all_to_all", routed * h * d, 2)  # dispatch, combine
+            fwd.append(a2a)
+            bwd.append(a2a)
     else:
         f = model.ffn_hidden_size
         gemms += [Gemm(tokens, n_in * f / t, h), Gemm(tokens, h, f / t)]
         elementwise += ops.activation * tokens * f / t
-        comms += _tp_comms(strategy, tokens * h * d)
     if c > 1:
-        kv_bytes = b * (s / c) * model.num_kv_heads / t * (qk_dim + v_dim) * d  # K and V
-        comms.append(Comm("cp", "p2p", kv_bytes, c - 1))
+        # a ring of K/V chunks, heads split as in the attention core; the backward
+        # circulates K/V again together with their gradients
+        kv_bytes = b * (s / c) * _kv_heads(model) / _head_split(strategy) * (qk_dim + v_dim) * d
+        fwd.append(Comm("cp", "p2p", kv_bytes, c - 1))
+        bwd.append(Comm("cp", "p2p", kv_bytes, 2 * (c - 1)))
 
+    comms = PassComms(tuple(fwd), tuple(bwd))
     return _work(device, gemms, elementwise, comms, attn_fwd, attn_bwd, overlap)
 
 
@@ -140,22 +155,24 @@ def edge_work(
     s, t = model.seq_len, strategy.tp
     tokens = strategy.mbs * s / strategy.cp
     h, d = model.hidden_size, activation_bytes(strategy.dtype)
-    gemms, elementwise, comms = [], 0.0, []
+    gemms, elementwise, fwd, bwd = [], 0.0, (), ()
     if first:
         elementwise += 2 * d * tokens * h / (t if strategy.sp else 1)
-        comms += _tp_comms(strategy, tokens * h * d)[-1:]  # embedding output: RS or AR
+        emb = tp_collectives(model, strategy, "embedding")
+        fwd, bwd = emb.forward, emb.backward
     if last:
         gemms.append(Gemm(tokens, model.vocab_size / t, h))
         elementwise += (d + 4 * 4) * tokens * model.vocab_size / t
-        comms += _tp_comms(strategy, tokens * h * d)[:1]  # gather the head's input
-    return _work(device, gemms, elementwise, comms, 0.0, 0.0, 0.0)
+        head = tp_collectives(model, strategy, "head")
+        fwd, bwd = fwd + head.forward, bwd + head.backward
+    return _work(device, gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0, 0.0)
 
 
 def _work(
     device: DeviceModel,
     gemms: list[Gemm],
     elementwise: float,
-    comms: list[Comm],
+    comms: PassComms,
     attn_fwd: float,
     attn_bwd: float,
     overlap: float,
@@ -172,28 +189,169 @@ def _work(
         attn_fwd_s=attn_fwd,
         attn_bwd_s=attn_bwd,
         overlap_fwd_s=overlap,
-        comms=tuple(comms),
+        comms=comms.forward,
+        bwd_comms=comms.backward,
     )
 
 
-def _tp_comms(strategy: Strategy, nbytes: float) -> list[Comm]:
-    """Tensor-parallel collectives of one sub-block (attention or MLP), forward.
+# One tensor's tensor-parallel traffic: its forward and backward collective (None: none),
+# the mesh axis and the bytes of the tensor the group holds (split by the other axes).
+_Step = tuple[str | None, str | None, str, float]
+_DUAL = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce"}
+STATS_BYTES = 4  # norm and loss statistics (RMS, max, sum of exponentials, target logit)
 
-    1-D: an all-reduce of the block output, or with sequence parallelism an all-gather of
-    its input and a reduce-scatter of its output. 2-D (Hypertron's weight-stationary
-    layout): an all-gather and a reduce-scatter on each of the two axes, each of the
-    activation split by the other axis, so traffic per device falls with the other degree.
+
+def _move(kind: str, axis: str, nbytes: float) -> _Step:
+    """A forward redistribution; its gradient takes the dual collective."""
+    return kind, _DUAL[kind], axis, nbytes
+
+
+def _enter(axis: str, nbytes: float, sp: bool) -> _Step:
+    """The input of a sub-block whose work ``axis`` splits: gathered from its sequence
+    shards (gradient reduce-scattered), or replicated (gradient all-reduced)."""
+    return _move("all_gather", axis, nbytes) if sp else (None, "all_reduce", axis, nbytes)
+
+
+def _leave(axis: str, nbytes: float, sp: bool) -> _Step:
+    """The partial-sum output of a sub-block: reduce-scattered to sequence shards
+    (gradient gathered) or all-reduced (gradient already whole)."""
+    return _move("reduce_scatter", axis, nbytes) if sp else ("all_reduce", None, axis, nbytes)
+
+
+def _kv_heads(model: ModelSpec) -> int:
+    """K/V heads the attention core sees (MLA expands its latent to every head)."""
+    return model.num_heads if model.mla is not None else model.num_kv_heads
+
+
+def _head_split(strategy: Strategy) -> int:
+    """The tp degree that splits heads: ``tp``, or ``tp_y`` in 2-D (``tp_x`` splits the
+    sequence of the queries instead)."""
+    return strategy.tp_y if strategy.tp_y > 1 else strategy.tp
+
+
+def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms:
+    """Tensor-parallel collectives of ``part`` ("embedding", "dense", "moe" or "head") on
+    one device for one micro-batch, one forward and one backward pass; ``count`` merges
+    equal ones.
+
+    These are the collectives of the planner's SBP layout of the part (``plan.layout``,
+    checked against DTensor), tensor by tensor; ``tests/plan/test_plan_cost_consistency``
+    holds the two together. 1-D TP: each sub-block's input is replicated (gradient
+    all-reduced) and its output all-reduced, or with sequence parallelism gathered and
+    reduce-scattered. 2-D TP: ``tp_y`` is 1-D TP with sequence parallelism on the
+    activation split by ``tp_x``; on ``tp_x`` (hidden-split residual stream) the norm
+    statistics are all-reduced, Q and the MLP up-projections reduce-scattered over the
+    sequence, K/V all-reduced, the attention and FFN-width activations all-gathered for the
+    output projections. The vocabulary-parallel loss all-reduces three fp32 statistics
+    per token (forward only); in 2-D the head's input is hidden-split on ``tp_x``, so its
+    vocabulary-wide logits are reduce-scattered there. MoE layers: shared experts are a tensor-parallel MLP; with expert TP the
+    tokens and router logits are gathered for dispatch, the output reduced, and the routed
+    tokens' gradient all-reduced. Two cases have no planner layout and keep an estimate:
+    MoE layers under 2-D TP (a gather and a reduce-scatter of the hidden activation on
+    each axis, as for one 1-D sub-block) and 1 < etp < tp (counted as etp = tp).
     """
     s = strategy
     if s.tp == 1:
-        return []
-    if s.tp_y > 1:
-        return [
-            Comm("tp_x", "all_gather", nbytes / s.tp_y),
-            Comm("tp_x", "reduce_scatter", nbytes / s.tp_y),
-            Comm("tp_y", "all_gather", nbytes / s.tp_x),
-            Comm("tp_y", "reduce_scatter", nbytes / s.tp_x),
+        return PassComms((), ())
+    tokens = s.mbs * model.seq_len / s.cp
+    d = activation_bytes(s.dtype)
+    hidden = tokens * model.hidden_size * d
+    if part == "moe":
+        steps = _attention(model, s, tokens, d) + _experts(model, s, tokens, d)
+    elif part == "dense":
+        steps = _attention(model, s, tokens, d) + _mlp(model, s, tokens, d)
+    elif part == "embedding":
+        steps = [
+            _leave("tp_y", hidden / s.tp_x, True) if s.tp_y > 1 else _leave("tp", hidden, s.sp)
         ]
-    if s.sp:
-        return [Comm("tp", "all_gather", nbytes), Comm("tp", "reduce_scatter", nbytes)]
-    return [Comm("tp", "all_reduce", nbytes)]
+    elif part == "head":
+        steps = _head(model, s, tokens, d)
+    else:
+        raise ValueError(f"unknown part {part!r}; known: embedding, dense, moe, head")
+    return _passes(steps)
+
+
+def _passes(steps: list[_Step]) -> PassComms:
+    passes = []
+    for which in (0, 1):
+        counts = Counter((axis, step[which], n) for *step, axis, n in steps if step[which])
+        passes.append(tuple(Comm(a, kind, n, count) for (a, kind, n), count in counts.items()))
+    return PassComms(*passes)
+
+
+def _norm_stats(s: Strategy, tokens: float) -> _Step:
+    """2-D: a norm's RMS statistics over the hidden-split (``tp_x``) residual stream."""
+    return _move("all_reduce", "tp_x", tokens * STATS_BYTES / s.tp_y)
+
+
+def _attention(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
+    hidden = tokens * model.hidden_size * d
+    if s.tp_y == 1:
+        return [_enter("tp", hidden, s.sp), _leave("tp", hidden, s.sp)]
+    qk, v = head_dims(model)
+    per_head = tokens * d / s.tp_y  # bytes per head feature, heads split by tp_y
+    q_heads, kv_heads = model.num_heads, _kv_heads(model)
+    return [
+        _norm_stats(s, tokens),
+        _enter("tp_y", hidden / s.tp_x, True),
+        _move("reduce_scatter", "tp_x", per_head * q_heads * qk),  # Q: sequence-split
+        _move("all_reduce", "tp_x", per_head * kv_heads * qk),  # K and V: whole
+        _move("all_reduce", "tp_x", per_head * kv_heads * v),
+        _move("all_gather", "tp_x", per_head * q_heads * v),  # attention output
+        _leave("tp_y", hidden / s.tp_x, True),
+    ]
+
+
+def _mlp(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
+    hidden = tokens * model.hidden_size * d
+    if s.tp_y == 1:
+        return [_enter("tp", hidden, s.sp), _leave("tp", hidden, s.sp)]
+    ffn = tokens * model.ffn_hidden_size * d / s.tp_y
+    ups = [_move("reduce_scatter", "tp_x", ffn)] * (2 if model.mlp == "swiglu" else 1)
+    return [
+        _norm_stats(s, tokens),
+        _enter("tp_y", hidden / s.tp_x, True),
+        *ups,
+        _move("all_gather", "tp_x", ffn),  # the activation, for the down projection
+        _leave("tp_y", hidden / s.tp_x, True),
+    ]
+
+
+def _experts(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
+    moe = model.moe
+    hidden = tokens * model.hidden_size * d
+    shared = moe.num_shared_experts > 0
+    if s.tp_y > 1:  # no planner layout: the 1-D sequence-parallel pattern on each axis
+        if not (shared or s.etp > 1):
+            return []
+        axes = (("tp_x", hidden / s.tp_y), ("tp_y", hidden / s.tp_x))
+        return [step(axis, n, True) for axis, n in axes for step in (_enter, _leave)]
+    shared_out = [_leave("tp", hidden, s.sp)] if shared else []
+    if s.etp == 1:  # routed experts run on the local tokens; shared ones are an MLP
+        return [_enter("tp", hidden, s.sp), *shared_out] if shared else []
+    gather, reduce, axis, nbytes = _enter("tp", hidden, s.sp)
+    return [
+        # tokens gathered for dispatch; their gradient needs reducing only where shared
+        # experts added partial sums (the routed one arrives whole, all-reduced below)
+        (gather, reduce if shared else None, axis, nbytes),
+        _enter("tp", tokens * moe.num_experts * STATS_BYTES, s.sp),  # router logits
+        (None, "all_reduce", "tp", hidden * moe.top_k),  # routed tokens' gradient
+        _leave("tp", hidden, s.sp),  # combined expert output
+        *shared_out,
+    ]
+
+
+def _head(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
+    """Final norm, vocabulary-parallel LM head and loss (max, sum of exponentials and
+    target logit all-reduced per token, forward only)."""
+    hidden = tokens * model.hidden_size * d
+    if s.tp_y == 1:
+        loss = [("all_reduce", None, "tp", tokens * STATS_BYTES)] * 3
+        return [_enter("tp", hidden, s.sp), *loss]
+    loss = [("all_reduce", None, "tp_y", tokens * STATS_BYTES / s.tp_x)] * 3
+    return [
+        _norm_stats(s, tokens),
+        _enter("tp_y", hidden / s.tp_x, True),
+        _move("reduce_scatter", "tp_x", tokens * model.vocab_size * d / s.tp_y),  # logits
+        *loss,
+    ]

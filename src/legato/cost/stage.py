@@ -171,13 +171,12 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     # Per micro-batch: traffic per axis (forward + backward + recomputed forward) and the
     # compute the overlappable axes hide behind.
     comm: dict[str, float] = {}
-    _add(comm, ctx.comm_seconds(edge.comms), 2)
+    _add(comm, ctx.comm_seconds(edge.comms), 1)
+    _add(comm, ctx.comm_seconds(edge.bwd_comms), 1)
     window = {"cp": 0.0, "ep": 0.0}
     for w, n in counts:
-        per_layer = ctx.comm_seconds(w.comms)
-        cp_passes = 3 + full  # ring forward; K/V and dK/dV backward; recompute
-        for axis, t in per_layer.items():
-            _add(comm, {axis: t}, n * (cp_passes if axis == "cp" else 2 + full))
+        _add(comm, ctx.comm_seconds(w.comms), n * (1 + full))  # forward, recomputed forward
+        _add(comm, ctx.comm_seconds(w.bwd_comms), n)
         window["cp"] += n * ((1 + full) * w.attn_fwd_s + w.attn_bwd_s)
         window["ep"] += n * (3 + full) * w.overlap_fwd_s
     if s.pp > 1:

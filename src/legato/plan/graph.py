@@ -18,6 +18,7 @@ from legato.specs.model import ModelSpec
 from legato.specs.params import attention_params
 
 STATS_BYTES = 4  # norm and loss statistics, router logits: fp32
+NO_GRADIENT = frozenset({"ids"})  # integer token ids: nothing flows back to them
 
 
 @dataclass(frozen=True)

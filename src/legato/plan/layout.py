@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from legato.plan.errors import PlanError
 from legato.plan.graph import (
+    NO_GRADIENT,
     Op,
     Sizes,
     attention_ops,
@@ -223,15 +224,35 @@ class GradRead:
     leaves: Layout
 
 
+def _reused_partial(reads: list[_Read], index: int, axis: str) -> bool:
+    """Whether a later read reuses the copy that read ``index`` redistributed on ``axis``
+    and divides its work over the axis: its partial gradient accumulates in that copy."""
+    r = reads[index]
+    for later in reads[index + 1 :]:
+        if later.segment is not r.segment or later.tensor != r.tensor:
+            continue
+        if later.before is None or later.before.get(axis) != later.wanted.get(axis):
+            return False  # moved again: that read converts its own gradient
+        if _splits(later.op, axis):
+            return True
+    return False
+
+
 def read_gradients(layout: PartLayout) -> list[GradRead]:
-    """Gradient placements of every read, in forward order (see backward_collectives)."""
+    """Gradient placements of every read, in forward order (see backward_collectives).
+    At a redistribution to B, ``arrives`` is P when the op or a later reader of the
+    redistributed copy divides its work over the axis (their gradients add up there)."""
     out = []
-    for r in _reads(layout):
+    reads = _reads(layout)
+    for i, r in enumerate(reads):
         arrives, leaves = {}, {}
         for axis in r.segment.axis_sizes:
             wanted = r.wanted.get(axis, REPLICATE)
             before = wanted if r.before is None else r.before.get(axis, REPLICATE)
-            arrives[axis] = _grad(wanted, _splits(r.op, axis))
+            split = _splits(r.op, axis)
+            if before != wanted == REPLICATE and not split:
+                split = _reused_partial(reads, i, axis)
+            arrives[axis] = _grad(wanted, split)
             if before == wanted == REPLICATE and axis not in r.native:
                 leaves[axis] = arrives[axis]  # reduced where it was redistributed
             else:
@@ -251,10 +272,12 @@ def backward_collectives(layout: PartLayout, *, fused: bool = True) -> list[Coll
     at the redistribution; a replicated tensor read as its producer wrote it is reduced
     at the read: once per op (``fused``: Megatron's fused QKV and gate/up GEMMs), or once
     per weight (``fused=False``: one ``nn.Linear`` per projection, as the reference block
-    under ``parallelize_module``)."""
+    under ``parallelize_module``). Integer inputs (token ids) have no gradient."""
     out: list[Collective] = []
     reads = _reads(layout)
     for r, g in zip(reversed(reads), reversed(read_gradients(layout)), strict=True):
+        if r.tensor in NO_GRADIENT:
+            continue
         nbytes = layout.sizes.activation_bytes[r.tensor]
         sizes = r.segment.axis_sizes
         for move in redistribute_cost(nbytes, g.arrives, g.leaves, sizes, r.tensor):
