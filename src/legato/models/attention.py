@@ -4,9 +4,17 @@ All attention in legato goes through :func:`attend`, so the mask convention live
 place: without ``attn_mask`` attention is causal; with one, the mask *replaces* the causal
 mask (a boolean mask, True = may attend, or an additive float mask, broadcastable to
 [B, H, S, S]), so packed documents can reset positions and block cross-document attention.
+
+:func:`attention_override` lets a runtime reroute every ``attend`` call for a while
+without touching the modules: the pipeline runtime's sequence slices attend to the K/V
+of earlier slices this way (``legato.models.slice_attention``).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -16,17 +24,33 @@ from legato.models.rope import apply_rope
 from legato.specs.model import ModelSpec
 
 Rope = tuple[Tensor, Tensor]  # cos, sin: [B, S, rotary_dim]
+AttendFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
+
+_OVERRIDE: ContextVar[AttendFn | None] = ContextVar("legato_attend_override", default=None)
+
+
+@contextlib.contextmanager
+def attention_override(fn: AttendFn) -> Iterator[None]:
+    """Within the block, every :func:`attend` call is ``fn(q, k, v, attn_mask)`` instead."""
+    token = _OVERRIDE.set(fn)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
     """SDPA over q [B, H, S, D] and k/v [B, Hkv, S, D]; K/V heads are shared by groups."""
+    override = _OVERRIDE.get()
+    if override is not None:
+        return override(q, k, v, attn_mask)
+    return grouped_sdpa(q, k, v, attn_mask, is_causal=attn_mask is None)
+
+
+def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: object, is_causal: bool) -> Tensor:
+    """torch's SDPA with K/V heads shared by groups of query heads (GQA)."""
     return F.scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        attn_mask=attn_mask,
-        is_causal=attn_mask is None,
-        enable_gqa=k.shape[1] != q.shape[1],
+        q, k, v, attn_mask=attn_mask, is_causal=is_causal, enable_gqa=k.shape[1] != q.shape[1]
     )
 
 
