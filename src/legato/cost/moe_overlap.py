@@ -1,0 +1,262 @@
+"""Predicted time and exposed communication of one expert-parallel MoE layer under the
+overlap schedules of ``legato.moe`` (plain, Domino-EP, Comet), and the gain they give.
+
+The layer on one EP rank, for one micro-batch of ``tokens`` (routing assumed balanced:
+every rank sends and receives ``tokens * top_k`` rows, ``1/ep`` of them to itself) is a
+list of operations on two resources, the link and the compute units, each serving its
+operations in the order the code issues them (NCCL and gloo run a group's collectives in
+order; the compute stream runs kernels in order):
+
+* forward: the dispatch all-to-alls of all pieces are issued first; then per piece its
+  first GEMMs (after its rows arrived), then per column group its second GEMM and that
+  group's combine all-to-all;
+* backward: the combine's gradient all-to-alls are issued first (the autograd engine
+  reaches all of them at once), then per piece (last first) the GEMMs' input and weight
+  gradients and the dispatch's gradient all-to-all.
+
+``plain`` waits for every transfer where it is issued, so nothing overlaps: its time is
+the sum. A piece's all-to-all costs ``cost.collectives.collective_time`` (alpha-beta plus
+the calibrated per-call latency; pass a calibration with ``base_latency_us=0`` to model
+fused kernels such as Comet's, which signal per tile instead of launching collectives)
+and GEMMs cost ``cost.compute.DeviceModel.gemm_time`` (small chunks run less efficiently).
+Not modelled: routing, permutation copies, and compute slowed by sharing the device with
+communication kernels; the predictions are an upper bound on what overlap can gain.
+
+How ``cost.predict`` and the planner use it: for each MoE layer with ``ep > 1``, replace
+the layer's EP all-to-all time by ``best_schedule(...).exposed_comm_s`` (or the time of
+the configured schedule) and pass ``best.chunks``/``best.groups`` on to the runtime
+(``legato.moe.Overlap``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from legato.cost.calibration import CALIBRATION, Calibration
+from legato.cost.collectives import collective_time
+from legato.cost.compute import DeviceModel, Gemm
+from legato.specs.device import Link
+from legato.specs.model import ModelSpec
+
+SCHEDULES = ("plain", "domino", "comet")
+
+
+@dataclass(frozen=True)
+class MoEWork:
+    """One MoE layer's routed experts on one EP rank: ``tokens`` entering the layer."""
+
+    tokens: int
+    hidden: int
+    ffn: int
+    top_k: int
+    num_experts: int
+    ep: int
+    gated: bool = True
+
+    @classmethod
+    def of(cls, model: ModelSpec, tokens: int, ep: int) -> MoEWork:
+        moe = model.moe
+        if moe is None:
+            raise ValueError(f"model {model.name} has no MoE layers")
+        return cls(
+            tokens,
+            model.hidden_size,
+            moe.expert_ffn_hidden_size,
+            moe.top_k,
+            moe.num_experts,
+            ep,
+            model.mlp == "swiglu",
+        )
+
+    @property
+    def rows(self) -> int:
+        """Rows each rank sends and receives (and computes): one per token and choice."""
+        return self.tokens * self.top_k
+
+
+@dataclass(frozen=True)
+class MoETime:
+    """Forward + backward seconds of the routed experts and their all-to-alls."""
+
+    schedule: str
+    chunks: int
+    groups: int
+    seconds: float
+    compute_s: float  # the expert GEMMs alone
+    comm_s: float  # the all-to-alls alone on the link
+
+    @property
+    def exposed_comm_s(self) -> float:
+        return max(0.0, self.seconds - self.compute_s)
+
+    @property
+    def hidden_fraction(self) -> float:
+        """Share of the communication that runs under compute (0: none, 1: all)."""
+        return 1.0 - self.exposed_comm_s / self.comm_s if self.comm_s > 0 else 1.0
+
+
+@dataclass(frozen=True)
+class _Op:
+    link: bool  # on the link (else on the compute units)
+    seconds: float
+    after: int | None = None  # index of an operation it waits for
+
+
+@dataclass(frozen=True)
+class _Piece:
+    rows: float  # rows of this piece on each rank
+    buffer_rows: float  # all-to-all buffer the rows correspond to (0: stays local)
+
+
+def _pieces(work: MoEWork, schedule: str, chunks: int) -> list[_Piece]:
+    rows = work.rows
+    if schedule == "comet" and work.ep > 1:
+        local = _Piece(rows / work.ep, 0.0)
+        remote = rows * (work.ep - 1) / work.ep / chunks
+        return [local] + [_Piece(remote, rows / chunks)] * chunks
+    count = chunks if schedule == "domino" else 1
+    return [_Piece(rows / count, rows / count)] * count
+
+
+def _timeline(ops: list[_Op], eager: bool) -> float:
+    """Makespan of ``ops`` on two in-order resources; ``eager``: each op also waits for the
+    one before it (transfers waited for where they are issued)."""
+    free = {True: 0.0, False: 0.0}
+    ends: list[float] = []
+    for op in ops:
+        start = free[op.link]
+        if op.after is not None:
+            start = max(start, ends[op.after])
+        if eager and ends:
+            start = max(start, ends[-1])
+        ends.append(start + op.seconds)
+        free[op.link] = ends[-1]
+    return max(ends, default=0.0)
+
+
+def moe_layer_time(
+    work: MoEWork,
+    device: DeviceModel,
+    link: Link,
+    schedule: str = "plain",
+    chunks: int = 1,
+    groups: int = 1,
+    calibration: Calibration = CALIBRATION,
+) -> MoETime:
+    """Predicted time of one MoE layer's routed experts under ``schedule``; ``link`` is the
+    slowest link the EP group crosses (``ClusterSpec.level_for_group``)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if schedule == "plain":
+        chunks = groups = 1
+    h, f, local = work.hidden, work.ffn, work.num_experts / work.ep
+    n_in = 2 if work.gated else 1
+    nbytes = device.dtype_bytes
+
+    def a2a(buffer_rows: float, width: float) -> float:
+        return collective_time(
+            "all_to_all", buffer_rows * width * nbytes, work.ep, link, calibration
+        )
+
+    def gemm(g: Gemm, backward: bool) -> float:
+        return sum(map(device.gemm_time, g.backward())) if backward else device.gemm_time(g)
+
+    pieces = _pieces(work, schedule, chunks)
+    width = h / groups
+    forward: list[_Op] = []
+    sends = {}
+    for i, piece in enumerate(pieces):
+        if piece.buffer_rows:
+            sends[i] = len(forward)
+            forward.append(_Op(True, a2a(piece.buffer_rows, h)))
+    backward: list[_Op] = []
+    grads = {}
+    for i, piece in reversed(list(enumerate(pieces))):
+        for g in range(groups):
+            if piece.buffer_rows:
+                grads[i, g] = len(backward)
+                backward.append(_Op(True, a2a(piece.buffer_rows, width)))
+    for i, piece in enumerate(pieces):
+        m = piece.rows / local
+        forward.append(_Op(False, gemm(Gemm(m, n_in * f, h, local), False), sends.get(i)))
+        for _ in range(groups):
+            forward.append(_Op(False, gemm(Gemm(m, width, f, local), False)))
+            if piece.buffer_rows:
+                forward.append(_Op(True, a2a(piece.buffer_rows, width), len(forward) - 1))
+    for i, piece in reversed(list(enumerate(pieces))):
+        m = piece.rows / local
+        for g in reversed(range(groups)):
+            backward.append(_Op(False, gemm(Gemm(m, width, f, local), True), grads.get((i, g))))
+        backward.append(_Op(False, gemm(Gemm(m, n_in * f, h, local), True)))
+        if piece.buffer_rows:
+            backward.append(_Op(True, a2a(piece.buffer_rows, h), len(backward) - 1))
+    eager = schedule == "plain"
+    ops = forward + backward
+    return MoETime(
+        schedule,
+        chunks,
+        groups,
+        seconds=_timeline(forward, eager) + _timeline(backward, eager),
+        compute_s=sum(op.seconds for op in ops if not op.link),
+        comm_s=sum(op.seconds for op in ops if op.link),
+    )
+
+
+def best_schedule(
+    work: MoEWork,
+    device: DeviceModel,
+    link: Link,
+    calibration: Calibration = CALIBRATION,
+    options: tuple[int, ...] = (1, 2, 4, 8),
+) -> MoETime:
+    """The fastest of Domino-EP and Comet over chunk and group counts in ``options``, or
+    plain when nothing beats it."""
+    candidates = [moe_layer_time(work, device, link, "plain", calibration=calibration)]
+    for chunks in options:
+        if chunks > 1:
+            candidates.append(moe_layer_time(work, device, link, "domino", chunks, 1, calibration))
+        for groups in options:
+            candidates.append(
+                moe_layer_time(work, device, link, "comet", chunks, groups, calibration)
+            )
+    return min(candidates, key=lambda t: t.seconds)
+
+
+@dataclass(frozen=True)
+class OverlapGain:
+    """Per-layer and end-to-end speed-up of a schedule over plain (values > 1: faster)."""
+
+    plain: MoETime
+    overlapped: MoETime
+    other_s: float  # forward + backward of everything but the routed experts, per step
+    moe_layers: int
+
+    @property
+    def layer(self) -> float:
+        return self.plain.seconds / self.overlapped.seconds
+
+    @property
+    def end_to_end(self) -> float:
+        plain = self.other_s + self.moe_layers * self.plain.seconds
+        return plain / (self.other_s + self.moe_layers * self.overlapped.seconds)
+
+
+def overlap_gain(
+    model: ModelSpec,
+    device: DeviceModel,
+    link: Link,
+    tokens: int,
+    ep: int,
+    dense_flops: float,
+    overlapped: MoETime | None = None,
+    calibration: Calibration = CALIBRATION,
+) -> OverlapGain:
+    """Gain of ``overlapped`` (default: :func:`best_schedule`) for ``model`` with ``tokens``
+    per EP rank. ``dense_flops``: the step's forward+backward FLOPs other than the routed
+    experts on one rank (e.g. ``3 * forward_flops(...)`` minus the routed part), run at
+    the large-GEMM efficiency."""
+    work = MoEWork.of(model, tokens, ep)
+    plain = moe_layer_time(work, device, link, "plain", calibration=calibration)
+    best = overlapped or best_schedule(work, device, link, calibration)
+    other = dense_flops / (device.peak_flops * device.gemm_fraction)
+    return OverlapGain(plain, best, other, model.num_moe_layers)

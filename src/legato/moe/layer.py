@@ -1,0 +1,67 @@
+"""The MoE layer: router, dropless routed experts (optionally expert-parallel and
+overlapped), shared experts, and per-forward statistics.
+
+Module names are the reference model's (and Hugging Face's): ``gate`` (router),
+``experts`` (stacked) and ``shared_experts`` (any module, e.g. one MLP of width
+``num_shared * shared_ffn`` as DeepSeek stores it). The layer runs on one process by
+default; :func:`legato.moe.apply_expert_parallel` sets ``ep`` and ``overlap``.
+"""
+
+from __future__ import annotations
+
+from torch import Tensor, nn
+
+from legato.moe.comm import EPGroup
+from legato.moe.experts import Activation, GroupedExperts
+from legato.moe.overlap import Overlap, routed_experts
+from legato.moe.router import Router, load_balance_loss, router_z_loss
+from legato.specs.model import MoESpec
+
+
+class MoELayer(nn.Module):
+    """Top-k mixture of experts over ``hidden``-wide tokens, described by ``moe``.
+
+    After each forward: ``last_expert_counts`` [E] (this rank's routed slots per expert,
+    detached), ``last_aux_loss`` (load-balance loss) and ``last_z_loss`` (router z-loss),
+    both scalars with gradient; adding them to the objective is the trainer's choice.
+    """
+
+    def __init__(
+        self,
+        hidden: int,
+        moe: MoESpec,
+        *,
+        gated: bool,
+        bias: bool,
+        activation: Activation,
+        shared_experts: nn.Module | None = None,
+    ) -> None:
+        super().__init__()
+        self.num_experts = moe.num_experts
+        self.top_k = moe.top_k
+        self.gate = Router(hidden, moe.num_experts, moe.top_k, moe.router_score)
+        self.experts = GroupedExperts(
+            moe.num_experts,
+            hidden,
+            moe.expert_ffn_hidden_size,
+            gated=gated,
+            bias=bias,
+            activation=activation,
+        )
+        self.shared_experts = shared_experts
+        self.ep: EPGroup | None = None
+        self.overlap = Overlap()
+        self.last_expert_counts: Tensor | None = None
+        self.last_aux_loss: Tensor | None = None
+        self.last_z_loss: Tensor | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        tokens = x.reshape(-1, x.shape[-1])
+        routing = self.gate(tokens)
+        out = routed_experts(tokens, routing, self.experts, self.ep, self.overlap)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(tokens)
+        self.last_expert_counts = routing.counts.detach()
+        self.last_aux_loss = load_balance_loss(routing.scores, routing.counts)
+        self.last_z_loss = router_z_loss(routing.logits)
+        return out.view_as(x)
