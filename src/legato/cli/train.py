@@ -21,6 +21,7 @@ from pathlib import Path
 
 from legato.errors import ConfigError, LegatoError
 from legato.train.config import TrainConfig, load_config, make_run_dir, render_toml, resolve_model
+from legato.train.strategy import pipeline_schedule, resolve_strategy
 
 _ERROR_DIR_ENV = "LEGATO_TRAIN_ERROR_DIR"  # where launched workers leave their one-line errors
 
@@ -73,8 +74,10 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
     from legato.train.distributed import resolve_device
 
     nproc = config.parallel.nproc
-    resolve_model(config.model)  # fail on a bad model before starting any process
-    config.grad_accum_steps(nproc)
+    spec = resolve_model(config.model)  # fail on a bad model or layout before any process
+    strategy = resolve_strategy(config, spec, nproc)
+    if strategy.pp > 1:
+        pipeline_schedule(strategy)
     device = resolve_device(config.train.device)
     if device.type == "cuda":
         import torch

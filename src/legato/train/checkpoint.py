@@ -13,6 +13,12 @@ A checkpoint is written into ``.tmp_step_000120/`` and renamed only once every r
 finished, and ``latest`` is replaced atomically after that, so a crash mid-save leaves the
 previous checkpoint in charge. Loading checks ``meta.json`` and the file sizes before DCP
 reads anything, so a damaged or foreign checkpoint is a one-line ``CheckpointError``.
+
+Every entry is keyed by the full model's parameter names (FQNs), the optimizer state too
+(``flatten_optimizer_state_dict``: one key per parameter and moment, no per-rank list of
+groups). A pipeline rank saves only the stages it holds (``only``); DCP merges the ranks'
+entries by name, and loading looks them up by name, so a checkpoint loads into any
+layout: FSDP2 shards, DDP replicas, another pipeline split or a single process.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import os
 import re
 import shutil
 import warnings
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +37,11 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 import legato
 from legato.atomic import write_text_atomic
@@ -39,7 +49,7 @@ from legato.errors import CheckpointError
 from legato.train.distributed import DistContext
 from legato.train.rng import capture_rng, restore_rng
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: optimizer state flattened to one key per parameter
 META = "meta.json"
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -65,17 +75,21 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     meta: dict[str, Any],
     keep: int,
+    *,
+    only: Collection[str] | None = None,
 ) -> Path:
-    """Collective: write ``root/step_<step>`` atomically, point ``latest`` at it, prune."""
+    """Collective: write ``root/step_<step>`` atomically, point ``latest`` at it, prune.
+
+    ``only``: the model FQNs this rank holds (a pipeline rank's stages); None = all.
+    """
     final = root / step_dir_name(step)
     tmp = root / f".tmp_{step_dir_name(step)}"
     if ctx.is_main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     ctx.barrier()
-    model_sd, optim_sd = get_state_dict(model, optimizer)
     with _quiet_dcp():
-        dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=tmp)
+        dcp.save(_state(model, optimizer, only), checkpoint_id=tmp)
     write_text_atomic(tmp / f"rng_rank{ctx.rank}.json", json.dumps(capture_rng(ctx.device)))
     ctx.barrier()
     if ctx.is_main:
@@ -198,19 +212,45 @@ def check_model_spec(meta: dict[str, Any], spec: dict[str, Any], path: Path) -> 
         raise CheckpointError(f"{path}: model differs from the checkpoint's at {diff}")
 
 
+def _options(only: Collection[str] | None) -> StateDictOptions:
+    return StateDictOptions(strict=only is None, flatten_optimizer_state_dict=True)
+
+
+def _state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, only: Collection[str] | None
+) -> dict[str, Any]:
+    """What DCP writes or fills: ``{"model": ..., "optim": ...}`` keyed by FQN."""
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options(only))
+    if only is not None:
+        keep = set(only)
+        model_sd = {name: value for name, value in model_sd.items() if name in keep}
+    return {"model": model_sd, "optim": optim_sd}
+
+
 def load_checkpoint(
-    ctx: DistContext, path: Path, model: nn.Module, optimizer: torch.optim.Optimizer
+    ctx: DistContext,
+    path: Path,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    *,
+    only: Collection[str] | None = None,
 ) -> None:
-    """Collective: load model, optimizer and this rank's RNG states from ``path``."""
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
+    """Collective: load model, optimizer and this rank's RNG states from ``path``.
+
+    ``only`` as in ``save_checkpoint``: the FQNs to load, the rest of ``model`` untouched.
+    """
+    state = _state(model, optimizer, only)
     try:
         with _quiet_dcp():
             dcp.load(state, checkpoint_id=path)
     except (Exception, CheckpointException) as exc:  # the latter is a BaseException
         raise CheckpointError(f"{path}: cannot be read ({_reason(exc)})") from None
     set_state_dict(
-        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_options(only),
     )
     rng_file = path / f"rng_rank{ctx.rank}.json"
     if rng_file.is_file():  # absent when resuming on more ranks than saved

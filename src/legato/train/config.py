@@ -114,7 +114,7 @@ class TrainSection:
     steps: int = _doc(300, "optimizer steps to train for (the schedule ends here)")
     global_batch_size: int = _doc(12, "sequences per optimizer step, summed over all ranks")
     micro_batch_size: int = _doc(
-        6, "sequences per forward/backward on one rank; accumulation = global / (micro x world)"
+        6, "sequences per forward/backward; micro-batches per step = global / (micro x dp)"
     )
     dtype: Literal["fp32", "bf16"] = _doc(
         "fp32", "'fp32', or 'bf16' mixed precision (fp32 master weights)"
@@ -147,13 +147,23 @@ class ParallelSection:
 
     nproc: int = _doc(2, "processes to launch on this host (ignored when started by torchrun)")
     backend: Literal["auto", "gloo", "nccl"] = _doc("auto", "'auto' = nccl on cuda, gloo on cpu")
-    fsdp: bool = _doc(True, "shard parameters, gradients and optimizer state (FSDP2); false = DDP")
+    strategy: str = _doc(
+        "",
+        "keys dp, pp, vpp, schedule, slices, memory_cap, e.g. 'pp=2,schedule=svpp,slices=4'; "
+        "'' = data parallel over all processes; dp = processes / pp unless given",
+    )
+    fsdp: bool = _doc(
+        True, "with pp = 1: shard parameters, gradients and optimizer state (FSDP2); false = DDP"
+    )
     reshard_after_forward: bool = _doc(
         True, "free gathered parameters after forward (less memory, one more all-gather)"
     )
 
     def __post_init__(self) -> None:
+        from legato.train.strategy import parse_strategy
+
         _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
+        parse_strategy(self.strategy)  # a ConfigError now rather than after the launch
 
 
 @dataclass
@@ -190,13 +200,15 @@ class TrainConfig:
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
 
-    def grad_accum_steps(self, world_size: int) -> int:
-        """Micro-steps per optimizer step; a ConfigError if the batch sizes do not divide."""
-        per_step = self.train.micro_batch_size * world_size
+    def grad_accum_steps(self, dp: int) -> int:
+        """Micro-batches per optimizer step on each of ``dp`` data-parallel replicas
+        (accumulation steps, or a pipeline's micro-batches); a ConfigError if the batch
+        sizes do not divide."""
+        per_step = self.train.micro_batch_size * dp
         if self.train.global_batch_size % per_step:
             raise ConfigError(
-                f"train.global_batch_size: must be a multiple of train.micro_batch_size x world "
-                f"size = {self.train.micro_batch_size} x {world_size} = {per_step}, "
+                f"train.global_batch_size: must be a multiple of train.micro_batch_size x "
+                f"data-parallel size = {self.train.micro_batch_size} x {dp} = {per_step}, "
                 f"got {self.train.global_batch_size}"
             )
         return self.train.global_batch_size // per_step

@@ -4,7 +4,8 @@ Started by torchrun (or ``legato train``'s own launch), every process reads its 
 the environment; gloo serves CPUs and NCCL GPUs. One process runs without any process
 group, so a single-process run needs no launcher and no free port. With several, the
 model is sharded with FSDP2 (``fully_shard`` on every block, then the root) over a 1-D
-``"dp"`` mesh, or replicated with DDP when ``parallel.fsdp`` is false.
+``"dp"`` mesh, or replicated with DDP when ``parallel.fsdp`` is false. A pipeline job
+(pp > 1) uses a 2-D ``("pp", "dp")`` mesh instead (``use_pipeline_mesh``).
 """
 
 from __future__ import annotations
@@ -45,6 +46,17 @@ class DistContext:
     @property
     def distributed(self) -> bool:
         return self.world_size > 1
+
+    @property
+    def dp_rank(self) -> int:
+        """This process's index among the data-parallel replicas (which rows it reads)."""
+        return self.mesh.get_local_rank("dp") if self.mesh is not None else self.rank
+
+    @property
+    def dp_size(self) -> int:
+        if self.mesh is None:
+            return self.world_size
+        return self.mesh.size(self.mesh.mesh_dim_names.index("dp"))
 
     def barrier(self) -> None:
         if self.distributed:
@@ -105,6 +117,16 @@ def init_distributed(backend: str = "auto", device: str = "auto") -> DistContext
             ctx.owns_group = True
         ctx.mesh = init_device_mesh(dev.type, (world,), mesh_dim_names=("dp",))
     return ctx
+
+
+def use_pipeline_mesh(ctx: DistContext, pp: int) -> None:
+    """Replace ``ctx.mesh`` by the 2-D ``("pp", "dp")`` mesh of a pipeline job.
+
+    pp is the outer dimension (the strategy's rank order): the ranks of one pipeline are
+    ``world / pp`` apart and each data-parallel group is a contiguous block of ranks.
+    """
+    shape = (pp, ctx.world_size // pp)
+    ctx.mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=("pp", "dp"))
 
 
 def shutdown(ctx: DistContext) -> None:

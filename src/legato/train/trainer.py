@@ -5,6 +5,11 @@ however the batch is split over ranks and micro-steps: each micro-batch backprop
 summed token loss times ``world / tokens_in_global_batch``, and the data-parallel gradient
 reduction averages over ranks, so the gradient is exactly that of the full-batch mean.
 That is what makes 2 processes reproduce 1 process step for step.
+
+``parallel.strategy`` chooses the layout (``train.strategy``): with pp = 1 the model is
+wrapped in FSDP2 or DDP over all processes, as above; with pp > 1 the step is delegated
+to ``train.pipeline_step.PipelineStep`` (pipeline stages on a ("pp", "dp") mesh), which
+keeps the same loss convention, so both reproduce 1 process.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from legato.train.distributed import (
     init_distributed,
     shutdown,
     unwrap,
+    use_pipeline_mesh,
     wrap_model,
 )
 from legato.train.metrics import (
@@ -49,7 +55,9 @@ from legato.train.metrics import (
     summarize,
 )
 from legato.train.optim import build_optimizer, build_scheduler
+from legato.train.pipeline_step import PipelineStep
 from legato.train.progress import Progress
+from legato.train.strategy import describe, resolve_strategy
 
 IGNORE_INDEX = -100  # labels with this id carry no loss (cross_entropy's default)
 
@@ -91,7 +99,10 @@ class Trainer:
     def _fit(self, ctx: DistContext) -> TrainResult:
         cfg = self.config
         self.ctx = ctx
-        self.accum = cfg.grad_accum_steps(ctx.world_size)
+        self.strategy = resolve_strategy(cfg, self.spec, ctx.world_size)
+        self.accum = self.strategy.num_microbatches
+        if self.strategy.pp > 1:
+            use_pipeline_mesh(ctx, self.strategy.pp)
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
         self.dataset, tokenizer_name = self._load_data()
         self._build(ctx)
@@ -141,27 +152,38 @@ class Trainer:
         bf16 = cfg.train.dtype == "bf16"
         if bf16 and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp32'")
-        # The full model is built (seeded) on every rank and then sharded, so any world
-        # size starts from identical weights.
+        # The full model is built (seeded) on every rank and then sharded or cut into
+        # stages, so any layout starts from identical weights.
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
         self.num_params = sum(p.numel() for p in model.parameters())
-        fsdp = cfg.parallel.fsdp and ctx.distributed
-        self.model = wrap_model(
-            model,
-            ctx,
-            fsdp=cfg.parallel.fsdp,
-            reshard_after_forward=cfg.parallel.reshard_after_forward,
-            param_dtype=torch.bfloat16 if bf16 else None,
-        )
+        fsdp = cfg.parallel.fsdp and ctx.distributed and self.strategy.pp == 1
         self.autocast = (
             (lambda: torch.autocast(ctx.device.type, dtype=torch.bfloat16))
-            if bf16 and not fsdp
+            if bf16 and not fsdp  # FSDP2 casts the parameters itself (param_dtype)
             else contextlib.nullcontext
         )
-        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.pipeline: PipelineStep | None = None
+        if self.strategy.pp > 1:
+            self.pipeline = PipelineStep(model, self.strategy, ctx, self.autocast)
+            self.model = model  # the full model: its parameter names key the checkpoint
+            trained = self.pipeline.module
+        else:
+            self.model = trained = wrap_model(
+                model,
+                ctx,
+                fsdp=cfg.parallel.fsdp,
+                reshard_after_forward=cfg.parallel.reshard_after_forward,
+                param_dtype=torch.bfloat16 if bf16 else None,
+            )
+        self.optimizer = build_optimizer(trained, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
         self.peak = peak_flops(ctx.device, cfg.train.dtype) if ctx.is_main else None
+
+    @property
+    def _owned(self) -> list[str] | None:
+        """The model FQNs this rank checkpoints (its stages'); None = the whole model."""
+        return self.pipeline.fqns if self.pipeline is not None else None
 
     def _resume(self, run_dir: Path) -> tuple[int, Path | None]:
         path = ckpt.find_checkpoint(self.config.checkpoint.resume, run_dir)
@@ -173,22 +195,24 @@ class Trainer:
             self.dataset.load_state_dict(meta["data"])
         except DataError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
-        ckpt.load_checkpoint(self.ctx, path, self.model, self.optimizer)
+        ckpt.load_checkpoint(self.ctx, path, self.model, self.optimizer, only=self._owned)
         self.scheduler.load_state_dict(meta["scheduler"])
         return int(meta["step"]), path
 
     def _describe(self, run_dir: Path, tokenizer_name: str) -> str:
         cfg, ctx, spec = self.config, self.ctx, self.spec
         how = "one process"
-        if ctx.distributed:
+        if self.pipeline is not None:
+            how = f"{ctx.world_size} processes, {describe(self.strategy)} over {ctx.backend}"
+        elif ctx.distributed:
             how = f"{ctx.world_size} processes, {'FSDP2' if cfg.parallel.fsdp else 'DDP'} over {ctx.backend}"
         return (
             f"model {spec.name}: {self.num_params / 1e6:.2f}M params, {spec.num_layers} layers, "
             f"hidden {spec.hidden_size} | data: {len(self.dataset.tokens):,} tokens "
             f"({tokenizer_name}), {self.dataset.num_sequences:,} sequences of {self.seq_len} | "
             f"{how} on {ctx.device.type}, {torch.get_num_threads()} threads/process | batch "
-            f"{cfg.train.global_batch_size} = {ctx.world_size} x {cfg.train.micro_batch_size} "
-            f"x {self.accum} accum | {cfg.train.dtype} | {cfg.train.steps} steps | "
+            f"{cfg.train.global_batch_size} = dp {ctx.dp_size} x micro {cfg.train.micro_batch_size} "
+            f"x {self.accum} micro-batches | {cfg.train.dtype} | {cfg.train.steps} steps | "
             f"run dir {run_dir}"
         )
 
@@ -203,7 +227,7 @@ class Trainer:
             began = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
             inputs, labels = self.dataset.next_batch(
-                cfg.train.global_batch_size, ctx.rank, ctx.world_size
+                cfg.train.global_batch_size, ctx.dp_rank, ctx.dp_size
             )
             loss, grad_norm = self._train_step(inputs, labels)
             elapsed = time.perf_counter() - began
@@ -237,6 +261,21 @@ class Trainer:
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
         """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
+        max_norm = self.config.optim.grad_clip or math.inf
+        if self.pipeline is not None:
+            loss = self.pipeline.forward_backward(inputs, labels)
+            norm = self.pipeline.clip_grad_norm(max_norm)
+        else:
+            loss, norm = self._data_parallel_step(inputs, labels, max_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, norm
+
+    def _data_parallel_step(
+        self, inputs: torch.Tensor, labels: torch.Tensor, max_norm: float
+    ) -> tuple[float, float]:
+        """Accumulate over the micro-batches (FSDP2/DDP reduce on the last), then clip."""
         ctx, cfg, model = self.ctx, self.config, self.model
         inputs, labels = inputs.to(ctx.device), labels.to(ctx.device)
         count = int(ctx.all_reduce_sum((labels != IGNORE_INDEX).sum()).item())
@@ -262,19 +301,16 @@ class Trainer:
                 objective.backward()
             loss_sum += token_loss.detach()
         ctx.all_reduce_sum(loss_sum)
-        max_norm = cfg.optim.grad_clip or math.inf
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
         if isinstance(norm, DTensor):
             norm = norm.full_tensor()
-        self.optimizer.step()
-        self.scheduler.step()
-        self.optimizer.zero_grad(set_to_none=True)
         return loss_sum.item() / count, float(norm)
 
     # ------------------------------------------------------------------ outputs
 
     def _save(self, run_dir: Path, step: int) -> Path:
         meta = {
+            "strategy": self.strategy.to_string(),
             "model_spec": to_dict(self.spec),
             "config": self.config.to_dict(),
             "data": self.dataset.state_dict(),
@@ -288,6 +324,7 @@ class Trainer:
             self.optimizer,
             meta,
             self.config.checkpoint.keep,
+            only=self._owned,
         )
 
     def _finish(self, run_dir: Path) -> dict[str, Any]:

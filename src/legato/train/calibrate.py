@@ -1,0 +1,259 @@
+"""``legato calibrate``: measure this host as its training processes see it.
+
+``calibrate(nproc)`` starts ``nproc`` processes (torch.multiprocessing spawn, gloo), each
+with the thread count the trainer would give it (``cores / nproc``). Together they
+measure compute at the same time, so they share cores, caches and memory bandwidth as in
+training (``calibrate_compute``), then the collectives between them (``calibrate_comm``).
+``calibrate_cluster`` turns the ``Measurement`` into a cluster file and the cost model's
+constants for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from legato.errors import ConfigError
+from legato.specs.typed import from_dict
+from legato.train import calibrate_comm as comm
+from legato.train import calibrate_compute as compute
+
+
+@dataclass(frozen=True)
+class Budget:
+    """What to measure and for how long (seconds per process; the processes run at once).
+    Each figure is the median of ``repeats`` trials."""
+
+    gemm_shapes: tuple[tuple[int, int, int], ...]
+    gemm_s: float
+    bf16_s: float
+    cold_bytes: int  # working set beyond the caches: GEMM operands, copies
+    memory_s: float
+    attention_shapes: tuple[tuple[int, int, int, int], ...]
+    attention_s: float
+    comm_sizes: tuple[int, ...]
+    comm_s: float
+    repeats: int
+
+
+FULL = Budget(
+    gemm_shapes=compute.GEMM_SHAPES,
+    gemm_s=4.0,
+    bf16_s=2.0,
+    cold_bytes=compute.COLD_BYTES,
+    memory_s=2.0,
+    attention_shapes=compute.ATTENTION_SHAPES,
+    attention_s=2.0,
+    comm_sizes=comm.SIZES,
+    comm_s=5.0,
+    repeats=5,
+)
+QUICK = Budget(
+    gemm_shapes=compute.QUICK_GEMM_SHAPES,
+    gemm_s=0.5,
+    bf16_s=0.3,
+    cold_bytes=compute.COLD_BYTES // 4,
+    memory_s=0.4,
+    attention_shapes=compute.ATTENTION_SHAPES[:1],
+    attention_s=0.3,
+    comm_sizes=comm.QUICK_SIZES,
+    comm_s=0.8,
+    repeats=3,
+)
+# bf16 shapes are measured only when a 512^3 bf16 product runs at least this share of the
+# fp32 rate (CPUs without bf16 matrix units emulate it slowly); else the probe is the peak.
+BF16_MIN_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What ``calibrate`` measured: medians per process (averaged over the processes,
+    which measured at the same time). Rates in FLOP/s and bytes/s."""
+
+    nproc: int
+    threads: int
+    quick: bool
+    host: str
+    gemm: list[compute.GemmTiming]
+    gemm_fit: compute.GemmFit
+    bf16_gemm: list[compute.GemmTiming]
+    bf16_peak_flops: float
+    copy_bandwidth: float
+    elementwise_bandwidth: float
+    parallel_overhead_s: float
+    attention_rate: float
+    comm: list[comm.CommTiming] = field(default_factory=list)
+    link: comm.LinkFit | None = None
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def _set_threads(nproc: int) -> int:
+    """The trainer's thread count for ``nproc`` processes on this host (imported late:
+    ``train.distributed`` pulls in FSDP, a second of start-up for each process)."""
+    from legato.train.distributed import set_threads
+
+    return set_threads(nproc)
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    except OSError:
+        names = []
+    return names[0] if names else platform.processor() or platform.machine()
+
+
+def _reporter(enabled: bool, start: float) -> Callable[[str], None]:
+    """Progress lines on stderr, stamped with the seconds since ``start`` (``time.time``:
+    the spawned processes share the parent's clock)."""
+
+    def say(text: str) -> None:
+        if enabled:
+            elapsed = time.time() - start
+            print(f"calibrate [{elapsed:5.1f} s] {text}", file=sys.stderr, flush=True)
+
+    return say
+
+
+def _measure_compute(budget: Budget, say: Callable[[str], None]) -> dict[str, Any]:
+    """This process's compute figures (a plain dict, to gather over processes)."""
+    threads = torch.get_num_threads()
+    say(f"GEMM fp32, {len(budget.gemm_shapes)} shapes, {threads} thread(s) per process")
+    r = budget.repeats
+    cold = budget.cold_bytes
+    gemm = compute.measure_gemms(budget.gemm_shapes, "fp32", budget.gemm_s, r, cold)
+    probe = (512, 512, 512)
+    (bf16_probe,) = compute.measure_gemms([probe], "bf16", budget.bf16_s / 4, r, cold)
+    bf16: list[compute.GemmTiming] = []
+    if bf16_probe.rate >= BF16_MIN_SHARE * compute.fit_gemm_rate(gemm).rate(*probe):
+        say(f"GEMM bf16, {len(budget.gemm_shapes)} shapes")
+        bf16 = compute.measure_gemms(budget.gemm_shapes, "bf16", budget.bf16_s * 3 / 4, r, cold)
+    else:
+        say(f"GEMM bf16 skipped: {bf16_probe.rate / 1e9:.1f} GFLOP/s at 512^3 (emulated)")
+    say("memory: copy and elementwise bandwidth, multi-threaded kernel overhead")
+    copy = compute.measure_copy_bandwidth(cold, budget.memory_s / 3, r)
+    elementwise = compute.measure_elementwise_bandwidth(cold // 4, budget.memory_s / 3, r)
+    parallel = compute.measure_parallel_overhead(budget.memory_s / 3, r)
+    say(f"attention, {len(budget.attention_shapes)} shape(s)")
+    attention = compute.measure_attention_rate(budget.attention_shapes, budget.attention_s, r)
+    return {
+        "threads": threads,
+        "gemm": [t.seconds for t in gemm],
+        "bf16": [t.seconds for t in bf16],
+        "bf16_probe": bf16_probe.rate,
+        "copy": copy,
+        "elementwise": elementwise,
+        "parallel_overhead": parallel,
+        "attention": attention,
+    }
+
+
+def _combine(
+    per_rank: list[dict[str, Any]], budget: Budget, nproc: int, quick: bool
+) -> Measurement:
+    """Average the processes' figures (they ran at the same time) and fit the GEMM model."""
+
+    def mean(key: str) -> float:
+        return statistics.fmean(r[key] for r in per_rank)
+
+    def timings(key: str, dtype: str) -> list[compute.GemmTiming]:
+        if not per_rank[0][key]:
+            return []
+        seconds = [statistics.fmean(s) for s in zip(*(r[key] for r in per_rank), strict=True)]
+        shapes = budget.gemm_shapes
+        return [
+            compute.GemmTiming(*shape, dtype, t) for shape, t in zip(shapes, seconds, strict=True)
+        ]
+
+    gemm, bf16 = timings("gemm", "fp32"), timings("bf16", "bf16")
+    return Measurement(
+        nproc=nproc,
+        threads=per_rank[0]["threads"],
+        quick=quick,
+        host=_cpu_name(),
+        gemm=gemm,
+        gemm_fit=compute.fit_gemm_rate(gemm),
+        bf16_gemm=bf16,
+        bf16_peak_flops=compute.fit_gemm_rate(bf16).peak_flops if bf16 else mean("bf16_probe"),
+        copy_bandwidth=mean("copy"),
+        elementwise_bandwidth=mean("elementwise"),
+        parallel_overhead_s=mean("parallel_overhead"),
+        attention_rate=mean("attention"),
+    )
+
+
+def _worker(
+    rank: int, nproc: int, store: str, quick: bool, verbose: bool, start: float, out: str
+) -> None:
+    """One spawned process: join the group, measure compute with the others, then comm."""
+    import torch.distributed as dist
+
+    budget = QUICK if quick else FULL
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=nproc)
+    try:
+        _set_threads(nproc)
+        dist.barrier()
+        say = _reporter(verbose and rank == 0, start)
+        figures = _measure_compute(budget, say)
+        say(f"collectives between {nproc} processes, {len(budget.comm_sizes)} sizes each")
+        timings = comm.measure_collectives(budget.comm_sizes, budget.comm_s, repeats=budget.repeats)
+        for timing in timings:
+            say(comm_line(timing))
+        gathered: list[Any] = [None] * nproc
+        dist.all_gather_object(gathered, figures)
+        if rank == 0:
+            measurement = _combine(gathered, budget, nproc, quick)
+            measurement = dataclasses.replace(
+                measurement, comm=timings, link=comm.fit_alpha_beta(timings)
+            )
+            Path(out).write_text(json.dumps(measurement.to_dict()), encoding="utf-8")
+    finally:
+        dist.destroy_process_group()
+
+
+def comm_line(t: comm.CommTiming) -> str:
+    return f"  {t.kind:<14} {t.nbytes / 1024:>8.0f} KiB  {t.seconds * 1e6:>9.1f} us"
+
+
+def calibrate(nproc: int = 2, *, quick: bool = False, verbose: bool = True) -> Measurement:
+    """Measure this host for ``nproc`` training processes (about 30 s; ``quick``: a few)."""
+    if nproc < 1:
+        raise ConfigError(f"--nproc: must be >= 1, got {nproc}")
+    started = time.perf_counter()
+    budget = QUICK if quick else FULL
+    say = _reporter(verbose, time.time())
+    if nproc == 1:
+        previous = torch.get_num_threads()
+        _set_threads(1)
+        try:
+            figures = _measure_compute(budget, say)
+        finally:
+            torch.set_num_threads(previous)
+        measurement = _combine([figures], budget, 1, quick)
+    else:
+        import torch.multiprocessing as mp
+
+        say(f"starting {nproc} processes")
+        with tempfile.TemporaryDirectory(prefix="legato-calibrate-") as tmp:
+            out = os.path.join(tmp, "measurement.json")
+            args = (nproc, os.path.join(tmp, "store"), quick, verbose, time.time(), out)
+            mp.spawn(_worker, args=args, nprocs=nproc, join=True)
+            data = json.loads(Path(out).read_text(encoding="utf-8"))
+        measurement = from_dict(Measurement, data, "measurement", ConfigError)
+    return dataclasses.replace(measurement, seconds=time.perf_counter() - started)

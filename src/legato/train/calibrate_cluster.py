@@ -1,0 +1,170 @@
+"""A ``calibrate`` measurement as a cluster file, and as the cost model's constants.
+
+``write_cluster_file`` writes what ``load_cluster`` reads: one node of ``nproc`` devices
+(one per training process) whose device table carries the measured GEMM peak and memory
+bandwidth and whose link is the fitted gloo link, with the measurements as comments; the
+raw measurements go beside it (``<stem>.calibration.json``), atomically both.
+
+The file's figures are achieved rates, not datasheet peaks, so the cost model must not
+scale them down again by the efficiencies fitted on GPUs: ``measured_calibration`` is the
+``Calibration`` whose constants are this machine's.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from legato.atomic import write_text_atomic
+from legato.cost.calibration import CALIBRATION, Calibration
+from legato.errors import ConfigError, SpecError
+from legato.specs.registry import load_cluster
+from legato.specs.typed import from_dict, read_table_file
+from legato.train.calibrate import Measurement, comm_line
+from legato.train.config import _toml_literal
+
+DEVICE_NAME = "cpu-measured"
+NOMINAL_CLUSTER = "local-cpu"  # its link stands in when one process has no peer to measure
+SIDE_SUFFIX = ".calibration.json"
+
+
+def _link(m: Measurement) -> dict[str, Any]:
+    if m.link is None:
+        nominal = load_cluster(NOMINAL_CLUSTER).levels[0]
+        return {
+            "name": f"{nominal.name}, nominal (one process: nothing to measure)",
+            "bandwidth_gbps": nominal.bandwidth_gbps,
+            "latency_us": nominal.latency_us,
+        }
+    return {
+        "name": "gloo between processes (measured)",
+        "bandwidth_gbps": round(m.link.bandwidth / 1e9, 4),
+        "latency_us": round(m.link.latency_s * 1e6, 2),
+    }
+
+
+def _host_memory_gib() -> float:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    except (AttributeError, ValueError, OSError):  # no sysconf: the nominal CPU's figure
+        return load_cluster(NOMINAL_CLUSTER).device.memory_gib
+
+
+def cluster_table(m: Measurement) -> dict[str, Any]:
+    """The cluster file's keys: one node of ``nproc`` devices, each one process with its
+    share of the host's memory."""
+    link = _link(m)
+    memory_gib = _host_memory_gib() / m.nproc
+    what = f"{m.nproc} process(es) x {m.threads} thread(s) on {m.host}"
+    return {
+        "description": f"This host measured by `legato calibrate`: {what}",
+        "nodes": 1,
+        "devices_per_node": m.nproc,
+        "device": {
+            "name": DEVICE_NAME,
+            "description": f"one training process: {m.threads} thread(s) (measured rates)",
+            "peak_tflops": {
+                "fp32": round(m.gemm_fit.peak_flops / 1e12, 6),
+                "bf16": round(m.bf16_peak_flops / 1e12, 6),
+            },
+            "memory_gib": round(memory_gib, 2),
+            "memory_bandwidth_gbps": round(m.copy_bandwidth / 1e9, 3),
+            "link": link,
+        },
+        "intra_node": link,
+    }
+
+
+def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Calibration:
+    """``base`` with this machine's constants: the device's figures are achieved rates, so
+    GEMMs reach all of the measured peak (fraction 1) with the measured half-efficiency
+    size; fused attention and elementwise kernels run at their measured share of the GEMM
+    and copy rates; collectives cost exactly the fitted link (no extra base latency, all
+    of the fitted bandwidth)."""
+    return dataclasses.replace(
+        base,
+        peak_fraction_by_device=((DEVICE_NAME, 1.0), *base.peak_fraction_by_device),
+        gemm_half_dim=m.gemm_fit.half_dim,
+        attention_fraction=m.attention_rate / m.gemm_fit.peak_flops,
+        memory_bw_fraction=m.elementwise_bandwidth / m.copy_bandwidth,
+        base_latency_us=0.0,
+        latency_scale=1.0,
+        bandwidth_fraction=1.0,
+    )
+
+
+def side_path(cluster_file: str | Path) -> Path:
+    """Where the raw measurements of ``cluster_file`` live."""
+    path = Path(cluster_file)
+    return path.with_name(path.stem + SIDE_SUFFIX)
+
+
+def _comments(m: Measurement, side: str) -> list[str]:
+    lines = [
+        f"Written by `legato calibrate --nproc {m.nproc}{' --quick' if m.quick else ''}` "
+        f"({m.seconds:.0f} s); medians per process. Raw measurements: {side}",
+        f"GEMM fp32: {m.gemm_fit.peak_flops / 1e9:.1f} GFLOP/s asymptote, half-efficiency "
+        f"size {m.gemm_fit.half_dim:.1f} (fit error {100 * m.gemm_fit.error:.0f}%)",
+    ]
+    lines += [f"  {t.m} x {t.n} x {t.k}: {t.rate / 1e9:.1f} GFLOP/s" for t in m.gemm]
+    lines += [
+        f"copy {m.copy_bandwidth / 1e9:.2f} GB/s, elementwise kernels "
+        f"{m.elementwise_bandwidth / 1e9:.2f} GB/s, fused attention "
+        f"{m.attention_rate / 1e9:.1f} GFLOP/s",
+        f"a multi-threaded kernel pays {m.parallel_overhead_s * 1e6:.0f} us for its threads "
+        "(not in the cost model)",
+    ]
+    if m.link is not None:
+        lines.append(
+            f"link fit: {m.link.latency_s * 1e6:.1f} us per step, "
+            f"{m.link.bandwidth / 1e9:.3f} GB/s (fit error {100 * m.link.error:.0f}%)"
+        )
+        lines += [comm_line(t) for t in m.comm]
+    return lines
+
+
+def render_cluster_toml(m: Measurement, side: str) -> str:
+    """The cluster file: comments with the measurements (``side``: where the raw ones
+    are), then the tables."""
+    table = cluster_table(m)
+    lines = [f"# {line}" for line in _comments(m, side)] + [""]
+    nested = {k: v for k, v in table.items() if isinstance(v, dict)}
+    lines += [f"{k} = {_toml_literal(v)}" for k, v in table.items() if k not in nested]
+    for key, value in nested.items():
+        lines += ["", f"[{key}]"]
+        lines += [f"{k} = {_toml_literal(v)}" for k, v in value.items()]
+    return "\n".join(lines) + "\n"
+
+
+def write_cluster_file(m: Measurement, path: str | Path) -> Path:
+    """Write the cluster file and its raw measurements beside it, each atomically."""
+    path = Path(path)
+    if path.suffix != ".toml":
+        raise ConfigError(f"--out: the cluster file must end in .toml, got {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    side = {"measurement": m.to_dict(), "calibration": calibration_overrides(m)}
+    write_text_atomic(side_path(path), json.dumps(side, indent=1) + "\n")
+    write_text_atomic(path, render_cluster_toml(m, side_path(path).name))
+    return path
+
+
+def calibration_overrides(m: Measurement) -> dict[str, Any]:
+    """The ``Calibration`` fields ``measured_calibration`` changes, for the record."""
+    tuned = measured_calibration(m)
+    return {
+        f.name: getattr(tuned, f.name)
+        for f in dataclasses.fields(Calibration)
+        if getattr(tuned, f.name) != getattr(CALIBRATION, f.name)
+    }
+
+
+def read_measurement(cluster_file: str | Path) -> Measurement:
+    """The measurement a cluster file was written from (its side file)."""
+    side = side_path(cluster_file)
+    data = read_table_file(side, SpecError)
+    if "measurement" not in data:
+        raise SpecError(f"{side}: not a `legato calibrate` measurement file")
+    return from_dict(Measurement, data["measurement"], "measurement", SpecError)

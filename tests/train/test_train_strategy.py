@@ -1,0 +1,151 @@
+"""``parallel.strategy``: parsing, what the trainer accepts, dp and micro-batches derived,
+the schedule built, and one-line errors (from the config and from the command line)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from legato.cli.main import main
+from legato.errors import ConfigError
+from legato.specs.model import ModelSpec
+from legato.specs.strategy import StrategyError
+from legato.train.config import load_config, resolve_model
+from legato.train.strategy import pipeline_schedule, resolve_strategy
+
+SPEC = ModelSpec(
+    name="t", hidden_size=32, num_layers=4, num_heads=2, num_kv_heads=1, vocab_size=64, seq_len=32
+)
+
+
+def _resolve(strategy: str, world: int, *extra: str):
+    config = load_config(None, [f"--parallel.strategy={strategy}", *extra])
+    return resolve_strategy(config, SPEC, world)
+
+
+def test_default_is_data_parallel_over_every_process() -> None:
+    s = _resolve("", 4, "--train.global_batch_size=16", "--train.micro_batch_size=2")
+    assert (s.pp, s.dp, s.num_microbatches, s.zero) == (1, 4, 2, 3)
+    assert _resolve("", 1).dp == 1
+
+
+def test_planner_strings_are_accepted_when_they_agree_with_the_config() -> None:
+    s = _resolve("dp=1,tp=1,pp=2,mbs=2,gbs=8,dtype=fp32,zero=0", 2, "--train.micro_batch_size=2",
+                 "--train.global_batch_size=8")  # fmt: skip
+    assert (s.pp, s.dp, s.num_microbatches) == (2, 1, 4)
+    assert _resolve(s.to_string(), 2, "--train.micro_batch_size=2",
+                    "--train.global_batch_size=8") == s  # fmt: skip
+
+
+def test_dp_is_derived_and_micro_batches_follow() -> None:
+    # m = global / (micro x dp) = 16 / (2 x 2)
+    s = _resolve("pp=2", 4, "--train.global_batch_size=16", "--train.micro_batch_size=2")
+    assert (s.pp, s.dp, s.gbs, s.mbs, s.num_microbatches) == (2, 2, 16, 2, 4)
+    given = _resolve("pp=2,dp=1", 2, "--train.global_batch_size=4", "--train.micro_batch_size=2")
+    assert (given.dp, given.num_microbatches) == (1, 2)
+
+
+@pytest.mark.parametrize(
+    ("text", "name", "chunks", "slices"),
+    [
+        ("pp=2", "1f1b", 1, 1),
+        ("pp=2,schedule=interleaved,vpp=2", "interleaved", 2, 1),
+        ("pp=2,schedule=zb-v", "zb-v", 2, 1),  # the V shape: always 2 chunks
+        ("pp=2,schedule=svpp,vpp=2,slices=4,memory_cap=12", "svpp", 2, 4),
+        ("pp=2,schedule=seq1f1b,slices=2", "seq1f1b", 1, 2),
+    ],
+)
+def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices: int) -> None:
+    s = _resolve(text, 2, "--train.global_batch_size=8", "--train.micro_batch_size=2")
+    schedule = pipeline_schedule(s)
+    assert (schedule.name, schedule.stages, schedule.microbatches) == (name, 2, 4)
+    assert (schedule.placement.chunks, schedule.slices, s.vpp) == (chunks, slices, chunks)
+
+
+CONFIG_ERRORS = [
+    ("tp=2", "parallel.strategy: tp=2 is not executed by the trainer yet"),
+    ("pp=2,cp=2", "parallel.strategy: cp=2 is not executed"),
+    ("ep=2", "parallel.strategy: ep=2 is not executed"),
+    ("pp=2,recompute=full", "parallel.strategy: recompute=full is not executed"),
+    ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
+    ("pp=x", "parallel.strategy: strategy.pp must be an integer"),
+    ("pp=2,schedule=fast", "parallel.strategy: strategy.schedule must be one of"),
+    ("pipeline=2", "parallel.strategy: strategy: bad item 'pipeline=2'"),
+]
+
+
+@pytest.mark.parametrize(("text", "message"), CONFIG_ERRORS, ids=[t for t, _ in CONFIG_ERRORS])
+def test_unsupported_strategy_is_one_config_error(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_config(None, [f"--parallel.strategy={text}"])
+    assert message in str(info.value) and "\n" not in str(info.value)
+
+
+RESOLVE_ERRORS = [
+    ("pp=3", 2, StrategyError, "pp*dp*cp*tp = 3*1*1*1 = 3 must equal the device count 2"),
+    ("pp=2,dp=2", 2, StrategyError, "must equal the device count 2"),
+    ("pp=4,schedule=interleaved,vpp=2", 4, StrategyError, "pp*vpp (8) must divide num_layers"),
+    ("pp=2,schedule=zb-v,vpp=4", 2, ConfigError, "zb-v has exactly 2 chunks per rank"),
+    ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
+    ("pp=2,mbs=4", 2, ConfigError, "mbs=4 disagrees with train.micro_batch_size (2 here)"),
+    ("dtype=bf16", 2, ConfigError, "dtype=bf16 disagrees with train.dtype (fp32 here)"),
+    ("zero=1", 2, ConfigError, "zero=1 disagrees with parallel.fsdp (3 here)"),
+]
+
+
+@pytest.mark.parametrize(("text", "world", "kind", "message"), RESOLVE_ERRORS)
+def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> None:
+    with pytest.raises(kind) as info:
+        _resolve(text, world, "--train.global_batch_size=8", "--train.micro_batch_size=2")
+    assert message in str(info.value) and "\n" not in str(info.value)
+    assert str(info.value).startswith(f"parallel.strategy = {text!r}") or kind is ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("pp=2,memory_cap=4", "parallel.strategy: memory_cap: 1f1b does not take it"),
+        ("pp=2,slices=2", "parallel.strategy: slices: 1f1b does not take it"),
+        ("pp=2,schedule=svpp,vpp=2,slices=2,memory_cap=3", "below the dependency floor"),
+    ],
+)
+def test_schedule_that_cannot_be_built_is_one_config_error(text: str, message: str) -> None:
+    s = _resolve(text, 2, "--train.global_batch_size=8", "--train.micro_batch_size=2")
+    with pytest.raises(ConfigError, match=message):
+        pipeline_schedule(s)
+
+
+def test_interleaved_needs_whole_rounds_of_micro_batches() -> None:
+    s = _resolve("pp=2,schedule=interleaved,vpp=2", 2, "--train.global_batch_size=6",
+                 "--train.micro_batch_size=2")  # fmt: skip
+    with pytest.raises(ConfigError, match="interleaved needs a multiple of stages"):
+        pipeline_schedule(s)
+
+
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [
+        ("pp=3", "must equal the device count 2"),
+        ("tp=2", "tp=2 is not executed by the trainer yet"),
+        ("pp=2,schedule=svpp,slices=2,memory_cap=1", "below the dependency floor"),
+    ],
+)
+def test_cli_rejects_a_bad_strategy_before_launching(
+    strategy: str, message: str, tmp_path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    args = ["train", "--parallel.nproc=2", f"--parallel.strategy={strategy}", f"--run.dir={run}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("legato: error: parallel.strategy") and message in err
+    assert "\n" not in err and not run.exists()
+
+
+def test_example_tiny_pipeline_runs_svpp_on_its_processes() -> None:
+    config = load_config(Path(__file__).resolve().parents[2] / "examples" / "tiny_pipeline.toml")
+    spec = resolve_model(config.model)
+    schedule = pipeline_schedule(resolve_strategy(config, spec, config.parallel.nproc))
+    assert (schedule.name, schedule.stages, schedule.placement.chunks, schedule.slices) == (
+        "svpp", 2, 2, 4,
+    )  # fmt: skip
