@@ -136,3 +136,29 @@ def test_commands_do_not_import_torch(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_plan_dtype_and_techniques(capsys):
+    code, out, _ = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "h800", "--gbs", "64",
+                       "--top", "2", "--dtype", "fp8", "--json")  # fmt: skip
+    assert code == 0
+    report = json.loads(out)
+    assert all("dtype=fp8" in p["strategy"] for p in report["plans"])
+    assert "dtype=fp8" in report["baseline"]["strategy"]
+    assert any("tile-wise FP8 block linears" in t for t in report["plans"][0]["techniques"])
+    with pytest.raises(SystemExit) as exit_info:  # argparse rejects an unknown precision
+        cli.main(["plan", "--model", "llama3-8b", "--cluster", "h800", "--gbs", "64",
+                  "--dtype", "fp4"])  # fmt: skip
+    assert exit_info.value.code == 2 and "invalid choice: 'fp4'" in capsys.readouterr().err
+
+
+def test_predict_reports_overlap_and_swap(capsys):
+    strategy = "dp=8,ep=8,gbs=8,recompute=full,moe_overlap=comet,moe_chunks=2,swap=1"
+    code, out, _ = run(capsys, "predict", "--model", "mixtral-8x7b", "--cluster", "h800",
+                       "--seq", "4096", "--strategy", strategy, "--json")  # fmt: skip
+    assert code == 0
+    result = json.loads(out)
+    assert result["strategy"] == "dp=8,tp=1,pp=1," + strategy[5:]
+    breakdown = result["breakdown"]
+    assert breakdown["moe_overlap"]["schedule"] == "comet"
+    assert breakdown["swap"]["host_gib"] > 0 and breakdown["comm_s"]["host"] > 0

@@ -121,6 +121,17 @@ def test_expert_parallel_all_to_all_is_counted():
     assert p.breakdown["levels"]["ep"].startswith("NDR")
 
 
+def test_replicated_experts_are_reduced_over_data_parallel_ranks():
+    """Without expert parallelism every device holds (ZeRO: a shard of) every expert, so
+    the experts' gradients and weight gathers travel on the dp axis with the rest."""
+    spec, cluster = load_model("mixtral-8x7b"), load_cluster("dgx-h100", nodes=1)
+    replicated = predict(spec, cluster, Strategy(dp=8, zero=3, gbs=8, recompute="full"))
+    split = predict(spec, cluster, Strategy(dp=8, ep=8, zero=3, gbs=8, recompute="full"))
+    # experts are ~96% of Mixtral's weights; with ep = dp they are sharded, not reduced
+    assert replicated.breakdown["comm_s"]["dp"] > 20 * split.breakdown["comm_s"]["dp"]
+    assert "edp" not in split.breakdown["comm_s"]
+
+
 def test_axes_sharing_a_link_share_its_bandwidth():
     alone = exposed_seconds([Traffic("dp", "ib", 4.0, window=3.0)], span=10.0)
     assert alone["dp"] == pytest.approx(1.0)

@@ -47,7 +47,7 @@ def test_pruning_loses_nothing_against_the_full_grid(fake_scorer):
     best = None
     for shape in shapes(model, cluster.world_size, space, 8):
         for options in execution_options(model, shape, gbs, space):
-            for row in memory_ladder(strategy_of(shape, options, gbs, space), space):
+            for row in memory_ladder(model, strategy_of(shape, options, gbs, space), space):
                 for strategy in row:
                     try:
                         strategy.check(model, cluster.world_size)

@@ -5,10 +5,12 @@ from __future__ import annotations
 import itertools
 
 from legato.plan.space import (
+    MOE_OVERLAPS,
     SearchSpace,
     execution_options,
     fast_domain,
     memory_ladder,
+    overlap_variants,
     shapes,
     strategy_of,
 )
@@ -45,6 +47,16 @@ def test_moe_shapes_add_expert_parallel_degrees_and_no_2d():
     assert {s.tp_y for s in found} == {1}
     assert all(8 % s.ep == 0 and (s.dp * s.cp) % s.ep == 0 for s in found)
     assert {s.ep for s in found if s.dp * s.cp == 16} == {1, 2, 4, 8}
+    # any common divisor of the experts and dp * cp, not only powers of two
+    six = moe.with_(moe=MoESpec(num_experts=6, top_k=2, expert_ffn_hidden_size=32))
+    assert {s.ep for s in shapes(six, 12, SearchSpace(), max_tp=1) if s.dp * s.cp == 12} == {
+        1,
+        2,
+        3,
+        6,
+    }
+    capped = SearchSpace(max_ep=2, max_pp=1)
+    assert {(s.ep, s.pp) for s in shapes(moe, 16, capped, 1)} == {(1, 1), (2, 1)}
 
 
 def test_schedule_options_respect_the_schedule_rules():
@@ -66,10 +78,32 @@ def test_schedule_options_respect_the_schedule_rules():
 def test_memory_ladder_rows_and_columns():
     shape = next(iter(shapes(SPEC, 8, SearchSpace(), 1)))
     base = strategy_of(shape, {"mbs": 1, "schedule": "1f1b"}, 64, SearchSpace())
-    grid = memory_ladder(base, SearchSpace())
+    grid = memory_ladder(SPEC, base, SearchSpace())
     if base.dp * base.cp > 1:
         assert [row[0].zero for row in grid] == [1, 2, 3]
-    assert [s.recompute for s in grid[0]] == ["none", "selective", "full"]
+    # 4096 tokens per micro-batch hold no two 4096-token loss chunks: no chunk columns
+    columns = [(s.recompute, s.loss_chunk, s.swap) for s in grid[0]]
+    assert columns == [("none", 0, False), ("selective", 0, False), ("full", 0, False),
+                       ("full", 0, True)]  # fmt: skip
+    longer = memory_ladder(SPEC, base.with_(mbs=2, gbs=128), SearchSpace())[0]
+    columns = [(s.recompute, s.loss_chunk, s.swap) for s in longer]
+    assert columns == [("none", 0, False), ("none", 4096, False), ("selective", 0, False),
+                       ("full", 0, False), ("full", 4096, False), ("full", 4096, True)]  # fmt: skip
+    lean = memory_ladder(SPEC, base, SearchSpace(loss_chunk=0, swap=False))[0]
+    assert [s.recompute for s in lean] == ["none", "selective", "full"]
+
+
+def test_moe_overlap_variants_only_with_expert_parallelism():
+    moe = SPEC.with_(moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=32))
+    [shape] = [s for s in shapes(moe, 8, SearchSpace(), 1) if s.dp == 8 and s.ep == 4]
+    base = strategy_of(shape, {"mbs": 1, "schedule": "1f1b"}, 8, SearchSpace())
+    variants = overlap_variants(moe, base, SearchSpace())
+    assert variants[0].moe_overlap == "none" and len(variants) == len(MOE_OVERLAPS)
+    assert {v.moe_overlap for v in variants} == {"none", "domino", "comet"}
+    for v in variants:
+        v.check(moe, 8)
+    assert overlap_variants(moe, base.with_(ep=1), SearchSpace()) == [base.with_(ep=1)]
+    assert overlap_variants(SPEC, base.with_(ep=1), SearchSpace()) == [base.with_(ep=1)]
 
 
 def test_presets_give_a_sensible_space_size():

@@ -21,6 +21,12 @@ def test_parse_round_trip_and_2d_tp():
         ("recompute=some", "strategy.recompute must be one of none, selective, full"),
         ("schedule=magic", "strategy.schedule must be one of"),
         ("tp=3,tp_y=2", "bad item 'tp_y=2'"),
+        ("ep=2,moe_overlap=fast", "strategy.moe_overlap must be one of none, domino, comet"),
+        ("moe_overlap=comet,moe_chunks=0", "strategy.moe_chunks must be >= 1"),
+        ("moe_groups=2", "moe_groups=2 need moe_overlap domino or comet"),
+        ("swap=maybe", "strategy.swap must be 0/1/true/false"),
+        ("loss_chunk=-1", "strategy.loss_chunk must be >= 0"),
+        ("loss_chunk=4k", "strategy.loss_chunk must be an integer"),
     ],
 )
 def test_malformed_strategy_is_one_line_error(text, fragment):
@@ -39,6 +45,7 @@ def test_malformed_strategy_is_one_line_error(text, fragment):
         ("pp=4,gbs=2", 4, "needs at least pp=4 micro-batches"),
         ("pp=2,vpp=2,gbs=8", 2, "vpp=2 needs schedule interleaved"),
         ("dp=2,ep=2,gbs=2", 2, "ep/etp need an MoE model"),
+        ("dp=2,gbs=2,moe_overlap=domino", 2, "moe_overlap=domino needs an MoE model"),
     ],
 )
 def test_strategy_that_does_not_fit_names_the_constraint(text, devices, fragment):
@@ -58,3 +65,28 @@ def test_2d_tensor_parallel_splits_heads_over_tp_y_only():
     Strategy.parse("tp=2x8,gbs=1").check(llama, 16)  # tp=16 > 8 KV heads, but tp_y=8 divides
     with pytest.raises(StrategyError, match=r"tp_y \(16\) must divide num_kv_heads \(8\)"):
         Strategy.parse("tp=1x16,gbs=1").check(llama, 16)
+
+
+def test_device_techniques_round_trip():
+    text = "dp=8,ep=8,gbs=8,moe_overlap=comet,moe_chunks=4,moe_groups=2,swap=1,loss_chunk=4096"
+    s = Strategy.parse(text)
+    assert (s.moe_overlap, s.moe_chunks, s.moe_groups) == ("comet", 4, 2)
+    assert s.swap is True and s.loss_chunk == 4096
+    assert Strategy.parse(s.to_string()) == s
+    assert s.to_string().endswith(
+        "moe_overlap=comet,moe_chunks=4,moe_groups=2,swap=1,loss_chunk=4096"
+    )
+    plain = Strategy.parse("dp=8,gbs=8,swap=false,loss_chunk=0")
+    assert plain == Strategy(dp=8, gbs=8)
+    assert "swap" not in plain.to_string() and "moe" not in plain.to_string()
+    assert Strategy.parse("dtype=fp8").dtype == "fp8"
+
+
+def test_moe_overlap_needs_expert_parallelism_without_expert_tp():
+    mixtral = load_model("mixtral-8x7b")
+    Strategy.parse("dp=8,ep=8,gbs=8,moe_overlap=domino,moe_chunks=2").check(mixtral, 8)
+    with pytest.raises(StrategyError, match=r"moe_overlap=comet needs ep > 1") as err:
+        Strategy.parse("dp=8,gbs=8,moe_overlap=comet").check(mixtral, 8)
+    assert "\n" not in str(err.value)
+    with pytest.raises(StrategyError, match=r"moe_overlap=comet needs etp=1"):
+        Strategy.parse("dp=4,tp=2,ep=4,etp=2,sp=1,gbs=4,moe_overlap=comet").check(mixtral, 8)

@@ -21,7 +21,7 @@ from legato.errors import LegatoError
 from legato.plan.report import PlanReport, make_plan
 from legato.plan.space import SearchSpace
 from legato.specs import ClusterSpec, ModelSpec, load_cluster, load_model
-from legato.specs.strategy import Strategy, StrategyError
+from legato.specs.strategy import DTYPES, Strategy, StrategyError
 
 PREDICT_EPILOG = """\
 output (--json): one JSON object with model, cluster, devices, strategy, step_time_s,
@@ -35,8 +35,11 @@ inline table, S a strategy string or table; prints one JSON line per input line 
 PLAN_EPILOG = """\
 output (--json): {model, cluster, devices, gbs, seq_len, plans: [{strategy, step_time_s,
 tokens_per_s, mfu, memory_gib, compute_s, bubble_s, exposed_comm_s, memory_by_term_gib,
-layer_comm_bytes}], runner_up, baseline (the hand heuristic's plan, same fields, or null),
-baseline_reason, gain_over_baseline (tokens/s ratio), search (counts, elapsed_s)}.
+layer_comm_bytes, techniques}], runner_up, baseline (the hand heuristic's plan, same
+fields, or null), baseline_reason, gain_over_baseline (tokens/s ratio), search (counts,
+elapsed_s)}. techniques: one line per device technique the plan uses (MoE overlap
+schedule, activation swap, chunked loss, FP8). The search chooses the MoE overlap
+schedule, and chunked loss and swap where nothing cheaper fits; precision is --dtype.
 If no strategy fits, says which memory term is too big and exits 2."""
 
 
@@ -79,6 +82,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-tp", type=int, default=None, help="largest TP degree (default: node/supernode)"
     )
     plan.add_argument("--no-2d", action="store_true", help="do not try 2-D tensor parallelism")
+    plan.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default="bf16",
+        help="training precision of every plan (fp8: tile-wise FP8 block linears; default bf16)",
+    )
     plan.set_defaults(func=_run_plan)
 
 
@@ -171,7 +180,7 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
     model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
     if args.top < 1:
         raise LegatoError(f"--top must be >= 1, got {args.top}")
-    space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d)
+    space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype)
     report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space)
     if args.json:
         print(json.dumps(report.to_dict()))
@@ -231,6 +240,8 @@ def _print_plan(report: PlanReport) -> None:
             f"{p['bubble_s'] or 0:.4g}", _axes(p["exposed_comm_s"]),
         )  # fmt: skip
     console.print(table)
+    for line in data["plans"][0]["techniques"]:
+        console.print(f"#1 uses {line}")
     if data["runner_up"]:
         console.print(data["runner_up"])
     if data["gain_over_baseline"] is not None:

@@ -6,6 +6,10 @@ dimension costs efficiency smoothly (tiles are partly empty, too few tiles fill 
 device, short K loops do not amortise the epilogue). It can never beat its roofline: the
 bytes of A, B and C over the memory bandwidth. Elementwise kernels (norms, activations,
 softmax, dropout, the optimizer step) are memory-bound: bytes over bandwidth.
+
+FP8 training is tile-wise FP8 for the block linears only (``legato.precision``): they run
+at the device's fp8 peak on one-byte operands (``linear_time``), while attention, the
+router and the LM head stay in bf16 (``gemm_time``, ``attention_time``).
 """
 
 from __future__ import annotations
@@ -38,25 +42,31 @@ class Gemm:
 class DeviceModel:
     """Peak rates of one device for one training dtype, after calibration."""
 
-    peak_flops: float  # datasheet dense peak, FLOP/s
+    peak_flops: float  # datasheet dense peak, FLOP/s (bf16 when training in fp8)
     gemm_fraction: float
     half_dim: float
     attention_fraction: float
     memory_bandwidth: float  # achievable bytes/s
     dtype_bytes: int
+    linear_peak_flops: float  # block linears: the fp8 peak in fp8 training, else peak_flops
+    linear_bytes: int  # bytes per block-linear operand element (1 in fp8 training)
 
     @classmethod
     def of(cls, device: DeviceSpec, dtype: str, calibration: Calibration) -> DeviceModel:
-        matmul_dtype = "fp16" if dtype == "fp16" else dtype
+        matmul_dtype = {"fp16": "fp16", "fp8": "bf16"}.get(dtype, dtype)
         if matmul_dtype == "fp32" and "tf32" in device.peak_tflops:
             matmul_dtype = "tf32"  # fp32 training runs its matmuls on TF32 tensor cores
+        peak = device.peak_flops(matmul_dtype)
+        fp8 = dtype == "fp8"
         return cls(
-            peak_flops=device.peak_flops(matmul_dtype),
+            peak_flops=peak,
             gemm_fraction=calibration.gemm_peak_fraction(device.name),
             half_dim=calibration.gemm_half_dim,
             attention_fraction=calibration.attention_fraction,
             memory_bandwidth=device.memory_bandwidth_gbps * 1e9 * calibration.memory_bw_fraction,
-            dtype_bytes={"fp32": 4, "fp8": 1}.get(dtype, 2),
+            dtype_bytes=4 if dtype == "fp32" else 2,
+            linear_peak_flops=device.peak_flops("fp8") if fp8 else peak,
+            linear_bytes=1 if fp8 else (4 if dtype == "fp32" else 2),
         )
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
@@ -64,10 +74,18 @@ class DeviceModel:
         return self.gemm_fraction / (1.0 + d0 / m + d0 / n + d0 / k)
 
     def gemm_time(self, g: Gemm) -> float:
+        """A GEMM in the training dtype (bf16 in fp8 training: attention, router, head)."""
+        return self._time(g, self.peak_flops, self.dtype_bytes)
+
+    def linear_time(self, g: Gemm) -> float:
+        """A block linear's GEMM (forward, input or weight gradient): fp8 in fp8 training."""
+        return self._time(g, self.linear_peak_flops, self.linear_bytes)
+
+    def _time(self, g: Gemm, peak: float, element_bytes: int) -> float:
         if g.m <= 0 or g.n <= 0 or g.k <= 0 or g.count <= 0:
             return 0.0
-        compute = g.flops / (self.peak_flops * self.gemm_efficiency(g.m, g.n, g.k))
-        nbytes = self.dtype_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
+        compute = g.flops / (peak * self.gemm_efficiency(g.m, g.n, g.k))
+        nbytes = element_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
         return max(compute, self.memory_time(nbytes))
 
     def attention_time(self, flops: float) -> float:

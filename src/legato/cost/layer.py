@@ -8,11 +8,14 @@ Sharding assumptions (Megatron-style): tensor parallelism splits heads and FFN c
 sequence parallelism splits the norm/residual tokens; context parallelism splits the
 sequence with load-balanced causal chunks; routed experts are balanced over all devices of
 a stage (tokens spread evenly over experts) and MoE blocks assume sequence parallelism
-when ``tp > 1`` (tokens are dispatched from their TP shard). MLA's low-rank projections
-are treated as one projection of the same total weight, split by ``tp``. 2-D tensor
-parallelism splits the same FLOPs over ``tp`` devices (GEMM shapes as in 1-D); only its
-communication differs. Tensor-parallel collectives are those of the planner's SBP layouts
-(:func:`tp_collectives`).
+when ``tp > 1`` (tokens are dispatched from their TP shard); their expert-parallel
+all-to-alls are timed by ``cost.moe_overlap.ep_exposure`` under the strategy's overlap
+schedule, not here. MLA's low-rank projections are treated as one projection of the same
+total weight, split by ``tp``. 2-D tensor parallelism splits the same FLOPs over ``tp``
+devices (GEMM shapes as in 1-D); only its communication differs. Tensor-parallel
+collectives are those of the planner's SBP layouts (:func:`tp_collectives`). Block linears (projections, MLPs, experts) are timed by
+``DeviceModel.linear_time`` (fp8 in FP8 training); attention, the router and the LM head
+in the training dtype.
 """
 
 from __future__ import annotations
@@ -55,7 +58,6 @@ class LayerWork:
     bwd_weight_s: float  # weight-gradient GEMMs (deferrable in zero-bubble schedules)
     attn_fwd_s: float  # attention core forward (selective recompute reruns it)
     attn_bwd_s: float
-    overlap_fwd_s: float  # compute an EP all-to-all can hide behind (attention + shared)
     comms: tuple[Comm, ...] = field(default=())  # forward (rerun by full recompute)
     bwd_comms: tuple[Comm, ...] = field(default=())  # backward
 
@@ -87,7 +89,8 @@ def layer_work(
     out_w = model.num_heads * v_dim * h
     heads = model.num_heads / t
 
-    gemms = [Gemm(tokens, (proj - out_w) / (h * t), h), Gemm(tokens, h, out_w / (h * t))]
+    linears = [Gemm(tokens, (proj - out_w) / (h * t), h), Gemm(tokens, h, out_w / (h * t))]
+    others: list[Gemm] = []
     elementwise = 2 * (ops.norm + ops.residual) * tokens * h / sp_div
     qk_elements = tokens * (model.num_heads + model.num_kv_heads) * qk_dim / t
     if model.position == "rope":
@@ -107,7 +110,6 @@ def layer_work(
         attn_bwd += device.memory_time(2 * softmax_bytes)
 
     n_in = 2 if model.mlp == "swiglu" else 1
-    overlap = attn_fwd
     tp = tp_collectives(model, strategy, "moe" if is_moe else "dense")
     fwd, bwd = list(tp.forward), list(tp.backward)
     if is_moe:
@@ -115,25 +117,19 @@ def layer_work(
         routed = tokens * moe.top_k / t  # expert-token pairs this device computes
         f_e = moe.expert_ffn_hidden_size
         per_expert = routed * strategy.ep * strategy.etp / moe.num_experts
-        gemms += [Gemm(tokens / t, moe.num_experts, h)]  # router on the local tokens
-        gemms += [
+        others.append(Gemm(tokens / t, moe.num_experts, h))  # router on the local tokens
+        linears += [
             Gemm(per_expert, n_in * f_e / strategy.etp, h, moe.num_experts / strategy.ep),
             Gemm(per_expert, h, f_e / strategy.etp, moe.num_experts / strategy.ep),
         ]
         elementwise += ops.activation * routed * f_e + 4 * d * routed * h  # + permutes
         if moe.num_shared_experts:
             f_s = moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
-            shared = [Gemm(tokens, n_in * f_s / t, h), Gemm(tokens, h, f_s / t)]
-            gemms += shared
+            linears += [Gemm(tokens, n_in * f_s / t, h), Gemm(tokens, h, f_s / t)]
             elementwise += ops.activation * tokens * f_s / t
-            overlap += sum(device.gemm_time(g) for g in shared)
-        if strategy.ep > 1:
-            a2a = Comm("ep", "all_to_all", routed * h * d, 2)  # dispatch, combine
-            fwd.append(a2a)
-            bwd.append(a2a)
     else:
         f = model.ffn_hidden_size
-        gemms += [Gemm(tokens, n_in * f / t, h), Gemm(tokens, h, f / t)]
+        linears += [Gemm(tokens, n_in * f / t, h), Gemm(tokens, h, f / t)]
         elementwise += ops.activation * tokens * f / t
     if c > 1:
         # a ring of K/V chunks, heads split as in the attention core; the backward
@@ -143,7 +139,7 @@ def layer_work(
         bwd.append(Comm("cp", "p2p", kv_bytes, 2 * (c - 1)))
 
     comms = PassComms(tuple(fwd), tuple(bwd))
-    return _work(device, gemms, elementwise, comms, attn_fwd, attn_bwd, overlap)
+    return _work(device, linears, others, elementwise, comms, attn_fwd, attn_bwd)
 
 
 def edge_work(
@@ -161,34 +157,35 @@ def edge_work(
         emb = tp_collectives(model, strategy, "embedding")
         fwd, bwd = emb.forward, emb.backward
     if last:
-        gemms.append(Gemm(tokens, model.vocab_size / t, h))
+        gemms.append(Gemm(tokens, model.vocab_size / t, h))  # stays in bf16 under fp8
         elementwise += (d + 4 * 4) * tokens * model.vocab_size / t
         head = tp_collectives(model, strategy, "head")
         fwd, bwd = fwd + head.forward, bwd + head.backward
-    return _work(device, gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0, 0.0)
+    return _work(device, [], gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0)
 
 
 def _work(
     device: DeviceModel,
-    gemms: list[Gemm],
+    linears: list[Gemm],
+    others: list[Gemm],
     elementwise: float,
     comms: PassComms,
     attn_fwd: float,
     attn_bwd: float,
-    overlap: float,
 ) -> LayerWork:
-    """Times of a set of GEMMs plus attention plus elementwise bytes; the backward runs two
-    GEMMs per forward GEMM and moves twice the elementwise bytes (read the saved input and
-    the incoming gradient, write the outgoing one)."""
-    bwd = [g.backward() for g in gemms]
+    """Times of block-linear and other GEMMs plus attention plus elementwise bytes; the
+    backward runs two GEMMs per forward GEMM and moves twice the elementwise bytes (read
+    the saved input and the incoming gradient, write the outgoing one)."""
+    timed = [(g, device.linear_time) for g in linears] + [(g, device.gemm_time) for g in others]
+    fwd = sum(time(g) for g, time in timed)
+    bwd = [(g.backward(), time) for g, time in timed]
     ew = device.memory_time(elementwise)
     return LayerWork(
-        fwd_s=sum(device.gemm_time(g) for g in gemms) + attn_fwd + ew,
-        bwd_input_s=sum(device.gemm_time(dx) for dx, _ in bwd) + attn_bwd + 2 * ew,
-        bwd_weight_s=sum(device.gemm_time(dw) for _, dw in bwd),
+        fwd_s=fwd + attn_fwd + ew,
+        bwd_input_s=sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew,
+        bwd_weight_s=sum(time(dw) for (_, dw), time in bwd),
         attn_fwd_s=attn_fwd,
         attn_bwd_s=attn_bwd,
-        overlap_fwd_s=overlap,
         comms=comms.forward,
         bwd_comms=comms.backward,
     )

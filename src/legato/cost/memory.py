@@ -147,7 +147,8 @@ def block_activations(
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """Peak bytes of one device by term, and the stage it belongs to."""
+    """Peak bytes of one device by term, the stage it belongs to, and what it parks in
+    host memory."""
 
     params: float
     grads: float
@@ -155,6 +156,7 @@ class MemoryBreakdown:
     activations: float
     buffers: float
     stage: int
+    host: float = 0.0  # activations swapped to host memory (not in ``total``)
 
     @property
     def total(self) -> float:

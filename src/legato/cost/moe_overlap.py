@@ -18,14 +18,17 @@ order; the compute stream runs kernels in order):
 the sum. A piece's all-to-all costs ``cost.collectives.collective_time`` (alpha-beta plus
 the calibrated per-call latency; pass a calibration with ``base_latency_us=0`` to model
 fused kernels such as Comet's, which signal per tile instead of launching collectives)
-and GEMMs cost ``cost.compute.DeviceModel.gemm_time`` (small chunks run less efficiently).
+and GEMMs cost ``cost.compute.DeviceModel.linear_time`` (small chunks run less
+efficiently; fp8 in FP8 training).
 Not modelled: routing, permutation copies, and compute slowed by sharing the device with
 communication kernels; the predictions are an upper bound on what overlap can gain.
 
-How ``cost.predict`` and the planner use it: for each MoE layer with ``ep > 1``, replace
-the layer's EP all-to-all time by ``best_schedule(...).exposed_comm_s`` (or the time of
-the configured schedule) and pass ``best.chunks``/``best.groups`` on to the runtime
-(``legato.moe.Overlap``).
+How ``cost.predict`` uses it (:func:`ep_exposure`): each MoE layer with ``ep > 1`` adds,
+per micro-batch, the all-to-all time its schedule (``Strategy.moe_overlap``,
+``moe_chunks``, ``moe_groups``; ``none`` is plain) leaves exposed, forward and backward
+apart, plus the compute its smaller GEMM pieces lose against the whole GEMMs the block
+already counts. The planner tries the schedules as strategies; the runtime takes the same
+counts (``legato.moe.Overlap``).
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel, Gemm
 from legato.specs.device import Link
 from legato.specs.model import ModelSpec
+from legato.specs.strategy import Strategy
 
 SCHEDULES = ("plain", "domino", "comet")
 
@@ -45,7 +49,7 @@ SCHEDULES = ("plain", "domino", "comet")
 class MoEWork:
     """One MoE layer's routed experts on one EP rank: ``tokens`` entering the layer."""
 
-    tokens: int
+    tokens: float
     hidden: int
     ffn: int
     top_k: int
@@ -54,7 +58,7 @@ class MoEWork:
     gated: bool = True
 
     @classmethod
-    def of(cls, model: ModelSpec, tokens: int, ep: int) -> MoEWork:
+    def of(cls, model: ModelSpec, tokens: float, ep: int) -> MoEWork:
         moe = model.moe
         if moe is None:
             raise ValueError(f"model {model.name} has no MoE layers")
@@ -69,14 +73,15 @@ class MoEWork:
         )
 
     @property
-    def rows(self) -> int:
+    def rows(self) -> float:
         """Rows each rank sends and receives (and computes): one per token and choice."""
         return self.tokens * self.top_k
 
 
 @dataclass(frozen=True)
 class MoETime:
-    """Forward + backward seconds of the routed experts and their all-to-alls."""
+    """Forward + backward seconds of the routed experts and their all-to-alls, and the
+    forward's share of each."""
 
     schedule: str
     chunks: int
@@ -84,10 +89,22 @@ class MoETime:
     seconds: float
     compute_s: float  # the expert GEMMs alone
     comm_s: float  # the all-to-alls alone on the link
+    forward_s: float
+    forward_compute_s: float
+    forward_comm_s: float
 
     @property
     def exposed_comm_s(self) -> float:
         return max(0.0, self.seconds - self.compute_s)
+
+    @property
+    def exposed_forward_s(self) -> float:
+        return max(0.0, self.forward_s - self.forward_compute_s)
+
+    @property
+    def exposed_backward_s(self) -> float:
+        backward = self.seconds - self.forward_s
+        return max(0.0, backward - (self.compute_s - self.forward_compute_s))
 
     @property
     def hidden_fraction(self) -> float:
@@ -158,8 +175,8 @@ def moe_layer_time(
             "all_to_all", buffer_rows * width * nbytes, work.ep, link, calibration
         )
 
-    def gemm(g: Gemm, backward: bool) -> float:
-        return sum(map(device.gemm_time, g.backward())) if backward else device.gemm_time(g)
+    def gemm(g: Gemm, backward: bool) -> float:  # expert GEMMs are block linears (fp8 too)
+        return sum(map(device.linear_time, g.backward())) if backward else device.linear_time(g)
 
     pieces = _pieces(work, schedule, chunks)
     width = h / groups
@@ -192,13 +209,17 @@ def moe_layer_time(
             backward.append(_Op(True, a2a(piece.buffer_rows, h), len(backward) - 1))
     eager = schedule == "plain"
     ops = forward + backward
+    forward_s = _timeline(forward, eager)
     return MoETime(
         schedule,
         chunks,
         groups,
-        seconds=_timeline(forward, eager) + _timeline(backward, eager),
+        seconds=forward_s + _timeline(backward, eager),
         compute_s=sum(op.seconds for op in ops if not op.link),
         comm_s=sum(op.seconds for op in ops if op.link),
+        forward_s=forward_s,
+        forward_compute_s=sum(op.seconds for op in forward if not op.link),
+        forward_comm_s=sum(op.seconds for op in forward if op.link),
     )
 
 
@@ -260,3 +281,51 @@ def overlap_gain(
     best = overlapped or best_schedule(work, device, link, calibration)
     other = dense_flops / (device.peak_flops * device.gemm_fraction)
     return OverlapGain(plain, best, other, model.num_moe_layers)
+
+
+@dataclass(frozen=True)
+class EPExposure:
+    """One MoE layer's expert-parallel all-to-alls for one micro-batch on one device under
+    the strategy's schedule, against the plain one it replaces."""
+
+    timed: MoETime  # the strategy's schedule (plain when moe_overlap is none)
+    plain: MoETime
+
+    @property
+    def extra_forward_s(self) -> float:
+        """Compute the schedule's smaller GEMM pieces add to the forward (>= 0)."""
+        return max(0.0, self.timed.forward_compute_s - self.plain.forward_compute_s)
+
+    @property
+    def extra_backward_s(self) -> float:
+        timed = self.timed.compute_s - self.timed.forward_compute_s
+        return max(0.0, timed - (self.plain.compute_s - self.plain.forward_compute_s))
+
+
+def ep_exposure(
+    model: ModelSpec,
+    strategy: Strategy,
+    device: DeviceModel,
+    link: Link,
+    calibration: Calibration = CALIBRATION,
+    overlap: bool = True,
+) -> EPExposure:
+    """The all-to-alls of one MoE layer of ``model`` under ``strategy``: each device
+    dispatches its ``mbs * seq / (cp * tp)`` tokens (from its sequence-parallel shard) over
+    the ``ep`` group whose slowest link is ``link``. ``overlap=False`` times the plain
+    schedule whatever the strategy says."""
+    tokens = strategy.mbs * model.seq_len / (strategy.cp * strategy.tp)
+    work = MoEWork.of(model, tokens, strategy.ep)
+    plain = moe_layer_time(work, device, link, "plain", calibration=calibration)
+    if strategy.moe_overlap == "none" or not overlap:
+        return EPExposure(plain, plain)
+    timed = moe_layer_time(
+        work,
+        device,
+        link,
+        strategy.moe_overlap,
+        strategy.moe_chunks,
+        strategy.moe_groups,
+        calibration,
+    )
+    return EPExposure(timed, plain)

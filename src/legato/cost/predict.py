@@ -5,13 +5,24 @@ device's per-micro-batch forward and backward (``cost.stage``: compute, recomput
 critical and exposed communication), plus the exposed data-parallel traffic and the
 optimizer step of the device where they are largest. So that the terms explain the step:
 ``step_time_s = compute_s + recompute_s + sum(exposed_comm_s) + bubble_s + optimizer_s``.
+
+Device techniques of the strategy enter as their own terms: the expert-parallel axis
+``ep`` carries what the MoE overlap schedule leaves exposed (``breakdown["moe_overlap"]``
+has the per-layer times of the schedule and of plain), the ``host`` axis the swap copies
+the compute does not hide (``breakdown["swap"]`` the bytes parked on the host),
+``loss_chunk`` shrinks the logits in the activations term, and ``dtype="fp8"`` runs the
+block linears at the fp8 peak with FP8-cached inputs (MFU and HFU stay relative to the
+bf16 peak, so they compare across precisions).
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.flops import training_step_flops
 from legato.cost.memory import GIB, TERMS, MemoryBreakdown
+from legato.cost.moe_overlap import MoETime
 from legato.cost.pipeline import pipeline_time
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime
@@ -76,6 +87,7 @@ def predict(
     model_flops = training_step_flops(model, strategy.gbs, seq)
     hw_flops = training_step_flops(model, strategy.gbs, seq, strategy.recompute, causal=flash)
     peak = ctx.device.peak_flops * cluster.world_size
+    host = max(memories.values(), key=lambda x: x.host).host
     breakdown = {
         "compute_s": m * slowest.compute_mb,
         "recompute_s": m * slowest.recompute_mb,
@@ -88,6 +100,13 @@ def predict(
         "microbatches": m,
         "levels": {a: x.level.name for a, x in ctx.axes.items() if x.size > 1},
     }
+    if ctx.ep is not None:
+        breakdown["moe_overlap"] = _moe_overlap_terms(ctx.ep.timed, ctx.ep.plain)
+    if strategy.swap:
+        breakdown["swap"] = {
+            "host_gib": host / GIB,
+            "host_link_s": slowest.comm_step.get("host", 0.0),
+        }
     return Prediction(
         step_time_s=step,
         tokens_per_s=strategy.gbs * seq / step,
@@ -99,6 +118,21 @@ def predict(
         why_not_fits="" if fits else _why_not_fits(memory, capacity),
         breakdown=breakdown,
     )
+
+
+def _moe_overlap_terms(timed: MoETime, plain: MoETime) -> dict[str, Any]:
+    """One MoE layer's routed experts and all-to-alls per micro-batch, forward and
+    backward: the strategy's schedule against plain."""
+    return {
+        "schedule": timed.schedule,
+        "chunks": timed.chunks,
+        "groups": timed.groups,
+        "layer_s": timed.seconds,
+        "plain_layer_s": plain.seconds,
+        "comm_s": timed.comm_s,
+        "exposed_s": timed.exposed_comm_s,
+        "hidden_fraction": timed.hidden_fraction,
+    }
 
 
 def _why_not_fits(memory: MemoryBreakdown, capacity_gib: float) -> str:

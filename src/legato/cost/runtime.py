@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+HOST_LINK_GBPS = 55.0  # PCIe 5.0 x16, effective GB/s one way per GPU (H100/H800 class)
 
 
 @dataclass(frozen=True)
@@ -23,12 +24,14 @@ class Runtime:
     RoPE and the gated activation are single fused kernels (Megatron, torch.compile) rather
     than chains of eager ops. ``grad_reduce_bytes``: bytes per gradient element in the
     data-parallel reduction (None: the training dtype's; FSDP2's default fp32 reduction
-    is 4)."""
+    is 4). ``host_link_gbps``: the device's link to host memory, GB/s one way, which
+    activation swap uses (not in ``DeviceSpec``; the default is PCIe 5.0 x16)."""
 
     flash_attention: bool = True
     dropout: bool = False
     fused_elementwise: bool = True
     grad_reduce_bytes: int | None = None
+    host_link_gbps: float = HOST_LINK_GBPS
 
 
 @dataclass(frozen=True)

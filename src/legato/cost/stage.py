@@ -3,9 +3,13 @@
 A device holds some dense and MoE blocks (and the embedding on the first stage, the LM
 head on the last). Per micro-batch it computes its blocks' forward and backward (plus
 recompute), sends its tensor-parallel collectives and pipeline activations on the critical
-path, and hides context- and expert-parallel traffic behind attention (and shared
-experts). Once per step it reduces gradients over the data-parallel ranks and runs the
-optimizer. ``cost.overlap`` decides what stays exposed.
+path, hides context-parallel traffic behind attention, and leaves exposed the part of its
+expert-parallel all-to-alls that the strategy's MoE overlap schedule does not hide behind
+the expert GEMMs (``cost.moe_overlap``). With activation swap each block's saved
+activations cross the host link, hidden behind that block's compute up to the excess
+(``cost.xtuner_terms``), and the device keeps only the blocks in flight. Once per step it
+reduces gradients over the data-parallel ranks and runs the optimizer. ``cost.overlap``
+decides what stays exposed.
 """
 
 from __future__ import annotations
@@ -20,24 +24,24 @@ from legato.cost.memory import (
     GIB,
     DeviceParams,
     MemoryBreakdown,
-    block_activations,
     block_params,
     comm_buffer_bytes,
     edge_params,
     grad_bytes,
-    logits_bytes,
     model_states,
     state_bytes,
 )
 from legato.cost.mesh import Axis, mesh_axes
+from legato.cost.moe_overlap import EPExposure, ep_exposure
 from legato.cost.overlap import Traffic, exposed_seconds
 from legato.cost.pipeline import in_flight_microbatches, p2p_messages
 from legato.cost.runtime import Runtime, activation_bytes
+from legato.cost.xtuner_terms import block_stored, chunked_logits_bytes, swap_resident, swap_traffic
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 
-CRITICAL = ("tp", "tp_x", "tp_y", "pp")
+CRITICAL = ("tp", "tp_x", "tp_y", "pp", "ep")  # ep: what its schedule leaves exposed
 
 
 @dataclass(frozen=True)
@@ -78,6 +82,8 @@ class Context:
     axes: dict[str, Axis]
     works: dict[bool, LayerWork]  # by "is MoE"
     blocks: dict[bool, DeviceParams]  # one block's parameters on a device, by "is MoE"
+    stored: dict[bool, tuple[float, float]]  # one block's activations: kept, all (recompute)
+    ep: EPExposure | None  # one MoE layer's all-to-alls when ep > 1
     overlap: bool
 
     @classmethod
@@ -92,15 +98,23 @@ class Context:
     ) -> Context:
         device = DeviceModel.of(cluster.device, strategy.dtype, calibration)
         kinds = {model.is_moe_layer(i): i for i in reversed(range(model.num_layers))}
+        axes = mesh_axes(strategy, cluster)
+        fp8 = strategy.dtype == "fp8"
+        ep = None
+        if strategy.ep > 1 and True in kinds:
+            link = axes["ep"].link("all_to_all")
+            ep = ep_exposure(model, strategy, device, link, calibration, overlap)
         return cls(
             model=model,
             strategy=strategy,
             runtime=runtime,
             calibration=calibration,
             device=device,
-            axes=mesh_axes(strategy, cluster),
+            axes=axes,
             works={k: layer_work(model, k, strategy, runtime, device) for k in kinds},
             blocks={k: block_params(model, i, strategy) for k, i in kinds.items()},
+            stored={k: block_stored(model, k, strategy, fp8, runtime) for k in kinds},
+            ep=ep,
             overlap=overlap,
         )
 
@@ -173,12 +187,20 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     comm: dict[str, float] = {}
     _add(comm, ctx.comm_seconds(edge.comms), 1)
     _add(comm, ctx.comm_seconds(edge.bwd_comms), 1)
-    window = {"cp": 0.0, "ep": 0.0}
+    window = {"cp": 0.0}
     for w, n in counts:
         _add(comm, ctx.comm_seconds(w.comms), n * (1 + full))  # forward, recomputed forward
         _add(comm, ctx.comm_seconds(w.bwd_comms), n)
         window["cp"] += n * ((1 + full) * w.attn_fwd_s + w.attn_bwd_s)
-        window["ep"] += n * (3 + full) * w.overlap_fwd_s
+    ep_total = 0.0
+    if ctx.ep is not None and stage.moe:
+        e, n = ctx.ep, stage.moe
+        fwd += n * e.extra_forward_s  # smaller GEMM pieces run less efficiently
+        bwd += n * e.extra_backward_s
+        recompute += n * e.extra_forward_s if full else 0.0
+        timed = e.timed
+        comm["ep"] = n * ((1 + full) * timed.exposed_forward_s + timed.exposed_backward_s)
+        ep_total = n * (timed.comm_s + full * timed.forward_comm_s)
     if s.pp > 1:
         d = activation_bytes(s.dtype)
         message = s.mbs * ctx.model.seq_len / s.cp * ctx.model.hidden_size * d / s.tp / s.slices
@@ -199,6 +221,12 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     traffic += _dp_traffic(ctx, held, fwd, bwd + recompute, layers)
     exposed = exposed_seconds(traffic, span=m * (fwd + bwd + recompute))
     exposed_mb = {axis: exposed[axis] / m for axis in comm}
+    comm_step = {x.axis: x.seconds for x in traffic}
+    if ep_total:
+        comm_step["ep"] = m * ep_total  # all of it; only the exposed part is in ``comm``
+    if s.swap:
+        copies, exposed_mb["host"] = _swap_seconds(ctx, stage, full)
+        comm_step["host"] = m * copies
     critical = sum(exposed_mb.values())
     owned = held.total if s.zero == 0 else held.sharded(s)  # the optimizer updates these
     return StageStep(
@@ -208,10 +236,25 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         compute_mb=fwd + bwd,
         recompute_mb=recompute,
         exposed_mb=exposed_mb,
-        comm_step={x.axis: x.seconds for x in traffic},
+        comm_step=comm_step,
         exposed_step={a: exposed[a] for a in ("dp", "edp") if a in exposed},
         optimizer_s=ctx.device.memory_time(owned * ctx.calibration.optimizer_bytes_per_param),
     )
+
+
+def _swap_seconds(ctx: Context, stage: Stage, full: bool) -> tuple[float, float]:
+    """Host-link seconds of one micro-batch's swap (every block out and back) and the part
+    its blocks' forward and backward (with recompute) do not hide."""
+    gbps = ctx.runtime.host_link_gbps
+    copies = exposed = 0.0
+    for is_moe, n in ((False, stage.dense), (True, stage.moe)):
+        if n == 0:
+            continue
+        w, stored = ctx.works[is_moe], ctx.stored[is_moe][0]
+        backward = w.bwd_input_s + w.bwd_weight_s + (w.fwd_s if full else 0.0)
+        exposed += swap_traffic(stored, w.fwd_s, n, gbps, backward).exposed_s
+        copies += 2 * n * stored / (gbps * 1e9)
+    return copies, exposed if ctx.overlap else copies
 
 
 def _dp_traffic(
@@ -229,7 +272,9 @@ def _dp_traffic(
     w_bytes = state_bytes(s.dtype).weights
     g_bytes = grad_bytes(s, ctx.runtime)
     out = []
-    for axis, n in (("dp", held.dense), ("edp", held.experts)):
+    # without expert parallelism the experts are replicated like the rest: reduced over dp
+    parts = (("dp", held.dense), ("edp", held.experts)) if s.ep > 1 else (("dp", held.total),)
+    for axis, n in parts:
         if axis not in ctx.axes or ctx.axes[axis].size == 1 or n == 0:
             continue
         reduce = ctx.collective("reduce_scatter", n * g_bytes, axis)
@@ -256,18 +301,23 @@ def stage_memory(ctx: Context, stage: Stage, index: int) -> MemoryBreakdown:
     in_flight = in_flight_microbatches(
         s.schedule, s.pp, s.num_microbatches, v, s.slices, s.memory_cap, index
     )
-    per_mb = 0.0
+    stored: list[float] = []  # each block's kept activations for one micro-batch
     working = 0.0  # one block's full activations while full recompute reruns it
     for is_moe, n in ((False, stage.dense), (True, stage.moe)):
         if n == 0:
             continue
-        acts = block_activations(model, is_moe, s, ctx.runtime)
-        per_mb += n * acts.stored(s.recompute)
+        kept, everything = ctx.stored[is_moe]
+        stored += [kept] * n
         if s.recompute == "full":
-            working = max(working, acts.none)
-    activations = in_flight * per_mb + working
+            working = max(working, everything)
+    activations = in_flight * sum(stored)
+    host = 0.0
+    if s.swap:  # only the blocks in flight stay; the rest of every micro-batch is on host
+        resident = min(activations, swap_resident(stored))
+        host, activations = activations - resident, resident
+    activations += working
     if stage.last:
-        activations += logits_bytes(model, s)
+        activations += chunked_logits_bytes(model, s, s.loss_chunk)
     largest = max(ctx.blocks.values(), key=lambda b: b.total)
     buffers = ctx.calibration.framework_gib * GIB + comm_buffer_bytes(largest, model, s)
-    return MemoryBreakdown(weights, grads, optimizer, activations, buffers, index)
+    return MemoryBreakdown(weights, grads, optimizer, activations, buffers, index, host)

@@ -30,13 +30,13 @@ from legato.cost.memory import (
     logits_bytes,
     model_states,
 )
-from legato.cost.runtime import Runtime
+from legato.cost.runtime import HOST_LINK_GBPS, Runtime
 from legato.specs.device import DeviceSpec
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 
 FP8_CACHED_BYTES = 1 + 4 / 128  # e4m3 value plus its share of a 1x128 tile's fp32 scale
-PCIE5_X16_GBPS = 55.0  # effective host <-> device bandwidth per GPU, one direction
+SWAP_PREFETCH = 1  # blocks ``ActivationSwap`` brings back ahead of their backward
 _RUNTIME = Runtime()  # current PyTorch defaults (fused attention, no dropout)
 
 
@@ -48,8 +48,8 @@ class XTunerOptions:
     swap: bool = False
     loss_chunk: int | None = None
     fp8: bool = False
-    prefetch: int = 1
-    host_link_gbps: float = PCIE5_X16_GBPS
+    prefetch: int = SWAP_PREFETCH
+    host_link_gbps: float = HOST_LINK_GBPS  # PCIe 5.0 x16
 
 
 @dataclass(frozen=True)
@@ -75,34 +75,40 @@ class XTunerMemory:
         return {t: getattr(self, t) / GIB for t in terms} | {"total": self.total / GIB}
 
 
-def linear_input_elements(model: ModelSpec, is_moe: bool, tokens: float) -> float:
-    """Elements of one block's saved linear-layer inputs (what FP8 caching shrinks): the
-    normed input of Q/K/V and of the MLP (or each routed copy), the attention output
-    entering o_proj and the activation output entering down_proj."""
+def linear_input_elements(
+    model: ModelSpec, is_moe: bool, tokens: float, tp: int = 1, sp: bool = False
+) -> float:
+    """Elements of one block's saved linear-layer inputs on one device (what FP8 caching
+    shrinks): the normed input of Q/K/V and of the MLP (or each routed copy; replicated
+    over ``tp`` unless sequence parallel), the attention output entering o_proj and the
+    activation output entering down_proj (split by ``tp``), as ``cost.memory`` counts them."""
     h = model.hidden_size
     attn_out = model.num_heads * (model.mla.v_head_dim if model.mla else model.head_dim)
-    n = tokens * (2 * h + attn_out)
+    n = tokens * 2 * h / (tp if sp else 1) + tokens * attn_out / tp
     if is_moe:
         moe = model.moe
-        n += tokens * moe.top_k * (h + moe.expert_ffn_hidden_size)
-        n += tokens * moe.num_shared_experts * moe.shared_expert_ffn_hidden_size
+        n += tokens * moe.top_k * (h + moe.expert_ffn_hidden_size) / tp
+        n += tokens * moe.num_shared_experts * moe.shared_expert_ffn_hidden_size / tp
     else:
-        n += tokens * model.ffn_hidden_size
+        n += tokens * model.ffn_hidden_size / tp
     return n
 
 
-def fp8_activation_saving(model: ModelSpec, is_moe: bool, tokens: float) -> float:
+def fp8_activation_saving(
+    model: ModelSpec, is_moe: bool, tokens: float, tp: int = 1, sp: bool = False
+) -> float:
     """Bytes saved per block by caching linear inputs in FP8 instead of bf16."""
-    return linear_input_elements(model, is_moe, tokens) * (2 - FP8_CACHED_BYTES)
+    return linear_input_elements(model, is_moe, tokens, tp, sp) * (2 - FP8_CACHED_BYTES)
 
 
 def chunked_logits_bytes(model: ModelSpec, strategy: Strategy, chunk: int | None) -> float:
     """Logits memory of the loss: all tokens (``cost.memory.logits_bytes``) or one chunk
-    of fp32 logits reused for their gradient, plus the fp32 head-weight gradient buffer."""
-    if chunk is None:
+    of fp32 logits reused for their gradient, plus the fp32 head-weight gradient buffer
+    (both over the device's vocabulary shard)."""
+    if not chunk:
         return logits_bytes(model, strategy)
     tokens = min(chunk, strategy.mbs * model.seq_len / strategy.cp)
-    return 4 * tokens * model.vocab_size + 4 * model.vocab_size * model.hidden_size
+    return 4 * (tokens + model.hidden_size) * model.vocab_size / strategy.tp
 
 
 @dataclass(frozen=True)
@@ -114,30 +120,51 @@ class SwapTraffic:
 
 
 def swap_traffic(
-    stored_per_block: float, block_compute_s: float, blocks: int, link_gbps: float
+    stored_per_block: float,
+    block_compute_s: float,
+    blocks: float,
+    link_gbps: float,
+    backward_s: float | None = None,
 ) -> SwapTraffic:
     """Each block's copy out overlaps its forward, its copy in the next block's backward
-    (at least twice the forward): the exposed time is the excess over that compute."""
+    (``backward_s``; default twice the forward): the exposed time is the excess over
+    that compute."""
     copy_s = stored_per_block / (link_gbps * 1e9)
-    exposed = blocks * (max(0.0, copy_s - block_compute_s) + max(0.0, copy_s - 2 * block_compute_s))
+    back = 2 * block_compute_s if backward_s is None else backward_s
+    exposed = blocks * (max(0.0, copy_s - block_compute_s) + max(0.0, copy_s - back))
     return SwapTraffic(stored_per_block * blocks, exposed)
+
+
+def block_stored(
+    model: ModelSpec, is_moe: bool, strategy: Strategy, fp8: bool, runtime: Runtime = _RUNTIME
+) -> tuple[float, float]:
+    """(stored between forward and backward, all while recomputed) bytes of one block on
+    one device, with linear inputs cached in FP8 when ``fp8``."""
+    acts = block_activations(model, is_moe, strategy, runtime)
+    saving = 0.0
+    if fp8:
+        tokens = strategy.mbs * model.seq_len / strategy.cp
+        saving = fp8_activation_saving(model, is_moe, tokens, strategy.tp, strategy.sp)
+    stored = acts.stored(strategy.recompute)
+    if strategy.recompute != "full":
+        stored -= saving
+    return stored, acts.none - saving
+
+
+def swap_resident(stored: list[float], prefetch: int = SWAP_PREFETCH) -> float:
+    """Bytes of the ``stored`` blocks that stay on the device with swap: the block being
+    computed and the ``prefetch`` ones fetched ahead (the largest, to be safe)."""
+    return sum(sorted(stored)[-(1 + prefetch) :])
 
 
 def stored_per_block(
     model: ModelSpec, strategy: Strategy, fp8: bool, runtime: Runtime = _RUNTIME
 ) -> list[tuple[float, float]]:
     """(stored between forward and backward, all while recomputed) bytes of each block."""
-    tokens = strategy.mbs * model.seq_len / strategy.cp
-    out = []
-    for layer in range(model.num_layers):
-        is_moe = model.is_moe_layer(layer)
-        acts = block_activations(model, is_moe, strategy, runtime)
-        saving = fp8_activation_saving(model, is_moe, tokens) if fp8 else 0.0
-        stored = acts.stored(strategy.recompute)
-        if strategy.recompute != "full":
-            stored -= saving
-        out.append((stored, acts.none - saving))
-    return out
+    return [
+        block_stored(model, model.is_moe_layer(layer), strategy, fp8, runtime)
+        for layer in range(model.num_layers)
+    ]
 
 
 def xtuner_memory(
@@ -157,7 +184,7 @@ def xtuner_memory(
     working = max(b[1] for b in blocks) if strategy.recompute == "full" else 0.0
     host = 0.0
     if options.swap:
-        resident = sum(sorted(stored)[-(1 + options.prefetch) :])
+        resident = swap_resident(stored, options.prefetch)
         host = sum(stored) - resident
         stored = [resident]
     largest = max(per_layer, key=lambda b: b.total)

@@ -3,6 +3,8 @@
 Figures come from the cost model's breakdown (compute, pipeline bubble, exposed
 communication per mesh axis, memory per device by term); the per-layer bytes each axis
 moves come from the plan's SBP layout, so the two views can be read side by side.
+Device techniques a plan uses (MoE overlap schedule, activation swap, chunked loss, FP8)
+are named with what they buy or cost, from the same breakdown.
 """
 
 from __future__ import annotations
@@ -60,7 +62,39 @@ def explain(model: ModelSpec, scored: Scored) -> dict[str, Any]:
         "exposed_comm_s": breakdown.get("exposed_comm_s", {}),
         "memory_by_term_gib": breakdown.get("memory_gib", {}),
         "layer_comm_bytes": layer_comm_bytes(model, scored),
+        "techniques": techniques(scored),
     }
+
+
+def techniques(scored: Scored) -> list[str]:
+    """One line per device technique the plan uses, with its effect."""
+    s, breakdown = scored.strategy, scored.prediction.breakdown
+    lines = []
+    moe = breakdown.get("moe_overlap")
+    if s.moe_overlap != "none":
+        text = f"MoE all-to-alls overlapped with {s.moe_overlap} ({s.moe_chunks} chunks"
+        groups = f" x {s.moe_groups} column group{'s' * (s.moe_groups > 1)}"
+        text += f"{groups})" if s.moe_overlap == "comet" else ")"
+        if moe:
+            text += (
+                f": {moe['hidden_fraction']:.0%} of the EP traffic hidden, "
+                f"{moe['plain_layer_s'] / moe['layer_s']:.2f}x per MoE layer over plain"
+            )
+        lines.append(text)
+    elif moe:
+        lines.append("MoE all-to-alls not overlapped: plain is the fastest schedule here")
+    if s.swap:
+        swap = breakdown.get("swap", {})
+        exposed = breakdown.get("exposed_comm_s", {}).get("host", 0.0)
+        lines.append(
+            f"activation swap: {swap.get('host_gib', 0.0):.1f} GiB per device in host "
+            f"memory, {exposed:.3g} s per step of host copies not hidden by compute"
+        )
+    if s.loss_chunk:
+        lines.append(f"chunked loss: LM head and loss over {s.loss_chunk} tokens at a time")
+    if s.dtype == "fp8":
+        lines.append("tile-wise FP8 block linears (attention, router and LM head in bf16)")
+    return lines
 
 
 def runner_up_gap(best: Scored, runner_up: Scored) -> str:

@@ -81,5 +81,6 @@ def make_plan(
         raise PlanError(
             no_fit_reason(model, cluster.world_size, cluster.device.memory_gib, result.scored)
         )
-    base = baseline(model, cluster, gbs, scorer=scorer)
+    dtype = (space or SearchSpace()).dtype
+    base = baseline(model, cluster, gbs, scorer=scorer, dtype=dtype)
     return PlanReport(model, cluster, gbs, result, base, time.perf_counter() - start)

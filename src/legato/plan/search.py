@@ -1,15 +1,20 @@
 """Search the parallel space for the fastest strategies that fit, scored by the cost model.
 
 For every factorisation and execution option (``plan.space``) the memory settings are
-tried in a grid, ZeRO stage down and recompute across (``space.memory_ladder``). Both
+tried in a grid, ZeRO stage down and recompute (then chunked loss, then activation swap)
+across (``space.memory_ladder``). Both
 axes save memory and cost time, so once a cell fits, every cell below-right of it is
 *dominated*: the walk tries each row only up to the first fitting cell and never further
 right than the best row above. A schedule that fits at no memory setting for one
 micro-batch size is not tried with larger ones. And the grid's first cell is its fastest:
 if that is already slower than the k-th best plan found so far, the rest of the grid is
 skipped (``SearchSpace.prune_slow``; off when every candidate is wanted, e.g. for a
-Pareto front). The scorer is injected (``legato.cost.predict.predict`` by default)
-so the search can be tested against a known model.
+Pareto front). With expert parallelism the MoE overlap variant (plain, Domino-EP,
+Comet chunk and group counts) is chosen once per shape and micro-batch size, at the
+first option's fastest memory cell: it changes how much all-to-all time hides behind
+the expert GEMMs, not memory, and the same layer repeats under every schedule and memory
+setting. The scorer is injected (``legato.cost.predict.predict`` by default) so the
+search can be tested against a known model.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from legato.plan.space import (
     fast_domain,
     is_valid,
     memory_ladder,
+    overlap_variants,
     shapes,
     strategy_of,
 )
@@ -139,8 +145,15 @@ def search(
     stats = SearchStats()
     scored: list[Scored] = []
     best: list[float] = []  # min-heap of the top_k fitting throughputs so far
+    seen: dict[Strategy, Scored | None] = {}
 
     def score(strategy: Strategy) -> Scored | None:
+        if strategy in seen:
+            return seen[strategy]
+        seen[strategy] = result = _score(strategy)
+        return result
+
+    def _score(strategy: Strategy) -> Scored | None:
         stats.candidates += 1
         problem = is_valid(strategy, model, devices)
         prediction = None
@@ -169,15 +182,47 @@ def search(
     for shape in shapes(model, devices, space, max_tp):
         stats.shapes += 1
         failed: set[tuple] = set()  # schedules that fit at no memory setting
+        overlap: dict[int, Strategy] = {}  # the fastest MoE overlap variant by mbs
         for options in execution_options(model, shape, gbs, space):
             schedule = tuple((k, v) for k, v in options.items() if k != "mbs")
             if schedule in failed:
                 continue  # it failed at a smaller micro-batch, which needs less memory
             base = strategy_of(shape, options, gbs, space)
-            if _walk_ladder(memory_ladder(base, space), score, stats, threshold()) is False:
+            if options["mbs"] not in overlap:
+                variants = overlap_variants(model, base, space)
+                overlap[options["mbs"]] = _fastest(variants, score, threshold())
+            chosen = overlap[options["mbs"]]
+            base = base.with_(
+                moe_overlap=chosen.moe_overlap,
+                moe_chunks=chosen.moe_chunks,
+                moe_groups=chosen.moe_groups,
+            )
+            grid = memory_ladder(model, base, space)
+            if _walk_ladder(grid, score, stats, threshold()) is False:
                 failed.add(schedule)
     fitting = sorted((s for s in scored if s.prediction.fits), key=Scored.rank_key)
     return SearchResult(fitting[:top_k], scored, stats)
+
+
+def _fastest(
+    variants: list[Strategy], score: Callable[[Strategy], Scored | None], threshold: float
+) -> Strategy:
+    """The fastest of ``variants`` (the first, plain, on ties or when none can be scored).
+    The others are not scored when hiding all of the first's exposed expert-parallel
+    traffic could not lift it above ``threshold`` tokens/s (overlap hides no more)."""
+    first = score(variants[0])
+    if first is None or len(variants) == 1:
+        return variants[0]
+    p = first.prediction
+    exposed = p.breakdown.get("exposed_comm_s", {}).get("ep", 0.0)
+    if p.tokens_per_s * p.step_time_s / (p.step_time_s - exposed) <= threshold:
+        return variants[0]
+    best, fastest = variants[0], p.tokens_per_s
+    for variant in variants[1:]:
+        result = score(variant)
+        if result is not None and result.prediction.tokens_per_s > fastest:
+            best, fastest = variant, result.prediction.tokens_per_s
+    return best
 
 
 def pareto_front(scored: list[Scored]) -> list[Scored]:

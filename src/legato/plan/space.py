@@ -10,9 +10,15 @@ The space is kept finite and sensible by rules a practitioner would apply anyway
   activation memory), and ZeRO-1 replaces plain data parallelism (same bytes again);
 * pipeline degrees are the divisors of the layer count that divide the devices left;
   virtual stages are the two smallest divisors ``>= 2`` of the layers per stage;
-* context and expert parallelism are powers of two (``cp`` keeps >= ``min_cp_tokens``
-  tokens per rank; ``ep`` divides the expert count and ``dp * cp``);
-* micro-batch sizes are powers of two that divide the per-replica batch.
+* context parallelism is a power of two keeping >= ``min_cp_tokens`` tokens per rank;
+  expert parallelism any divisor of the expert count that divides ``dp * cp``, and with
+  ``ep > 1`` each MoE overlap variant of ``moe_overlaps`` (plain, Domino-EP, Comet with a
+  few chunk and column-group counts) is tried (``plan.search`` keeps the fastest);
+* micro-batch sizes are powers of two that divide the per-replica batch;
+* memory settings are a grid of ZeRO stage by recompute, where recompute is extended by
+  chunked loss (when a micro-batch holds at least two chunks) and, last, by activation
+  swap with full recompute: both are explored only where the cheaper settings do not fit;
+* precision is the user's (``dtype``): FP8 is never chosen silently.
 
 What is left is filtered by ``Strategy.check`` (the one list of constraints).
 """
@@ -21,12 +27,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from math import gcd
 
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy, StrategyError
 
 RECOMPUTE_LADDER = ("none", "selective", "full")
+# (moe_overlap, moe_chunks, moe_groups): plain first, so ties keep the simplest
+MOE_OVERLAPS = (
+    ("none", 1, 1),
+    ("domino", 2, 1),
+    ("domino", 4, 1),
+    ("comet", 2, 1),
+    ("comet", 2, 2),
+    ("comet", 4, 1),
+    ("comet", 4, 2),
+)
 
 
 @dataclass(frozen=True)
@@ -44,6 +61,12 @@ class SearchSpace:
     zero_stages: tuple[int, ...] = (1, 2, 3)
     dtype: str = "bf16"
     prune_slow: bool = True  # skip memory settings that cannot make the top-k
+    max_pp: int | None = None  # None: any divisor of the layers
+    max_ep: int | None = None  # None: any divisor of the experts and dp * cp
+    min_ep: int = 1  # > 1: MoE plans with expert parallelism only
+    moe_overlaps: tuple[tuple[str, int, int], ...] = MOE_OVERLAPS
+    loss_chunk: int = 4096  # tokens per loss chunk tried when memory is tight; 0: never
+    swap: bool = True  # try activation swap (with full recompute) when nothing else fits
 
 
 @dataclass(frozen=True)
@@ -91,7 +114,7 @@ def shapes(model: ModelSpec, devices: int, space: SearchSpace, max_tp: int) -> I
         if space.two_d_tp and model.moe is None and tp >= 4:
             splits += [y for y in _powers_of_two(tp // 2) if y >= 2]
         for pp in _divisors(model.num_layers):
-            if (devices // tp) % pp:
+            if (devices // tp) % pp or pp > (space.max_pp or pp):
                 continue
             for cp in cps:
                 rest = devices // (tp * pp)
@@ -100,7 +123,8 @@ def shapes(model: ModelSpec, devices: int, space: SearchSpace, max_tp: int) -> I
                 dp = rest // cp
                 eps = [1]
                 if model.moe is not None:
-                    eps = [e for e in _powers_of_two(dp * cp) if model.moe.num_experts % e == 0]
+                    common = _divisors(gcd(model.moe.num_experts, dp * cp))
+                    eps = [e for e in common if space.min_ep <= e <= (space.max_ep or e)]
                 for tp_y in splits:
                     for ep in eps:
                         yield Shape(dp, tp, tp_y, pp, cp, ep)
@@ -167,12 +191,42 @@ def strategy_of(shape: Shape, options: dict, gbs: int, space: SearchSpace) -> St
     )
 
 
-def memory_ladder(strategy: Strategy, space: SearchSpace) -> list[list[Strategy]]:
-    """Memory settings of ``strategy`` as rows of increasing ZeRO stage, each row in
-    increasing recompute. Within the grid, moving right or down saves memory and never
-    saves time, which :func:`legato.plan.search.search` uses to stop early."""
+def overlap_variants(model: ModelSpec, strategy: Strategy, space: SearchSpace) -> list[Strategy]:
+    """``strategy`` under each MoE overlap variant of the space (itself alone when it has
+    no expert parallelism)."""
+    if model.moe is None or strategy.ep == 1:
+        return [strategy]
+    return [
+        strategy.with_(moe_overlap=name, moe_chunks=chunks, moe_groups=groups)
+        for name, chunks, groups in space.moe_overlaps
+    ]
+
+
+def memory_settings(model: ModelSpec, strategy: Strategy, space: SearchSpace) -> list[dict]:
+    """One row of the memory grid, in increasing memory saved and time spent: each
+    recompute mode, followed by itself with chunked loss (same time, smaller logits) where
+    a micro-batch holds at least two chunks, and last full recompute with chunked loss and
+    activation swap (host copies hidden behind compute, up to the excess)."""
+    tokens = strategy.mbs * model.seq_len // strategy.cp
+    chunk = space.loss_chunk if 0 < 2 * space.loss_chunk <= tokens else 0
+    row = []
+    for recompute in RECOMPUTE_LADDER:
+        row.append({"recompute": recompute})
+        if chunk and recompute != "selective":
+            row.append({"recompute": recompute, "loss_chunk": chunk})
+    if space.swap:
+        row.append({"recompute": "full", "loss_chunk": chunk, "swap": True})
+    return row
+
+
+def memory_ladder(model: ModelSpec, strategy: Strategy, space: SearchSpace) -> list[list[Strategy]]:
+    """Memory settings of ``strategy`` as rows of increasing ZeRO stage, each row the
+    settings of :func:`memory_settings`. Within the grid, moving right or down saves
+    memory and never saves time, which :func:`legato.plan.search.search` uses to stop
+    early."""
     stages = [z for z in space.zero_stages if z >= strategy.zero] if strategy.zero else [0]
-    return [[strategy.with_(zero=z, recompute=r) for r in RECOMPUTE_LADDER] for z in stages]
+    row = memory_settings(model, strategy, space)
+    return [[strategy.with_(zero=z, **setting) for setting in row] for z in stages]
 
 
 def is_valid(strategy: Strategy, model: ModelSpec, devices: int) -> str | None:

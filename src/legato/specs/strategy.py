@@ -8,6 +8,15 @@ parallelism is innermost so its groups stay inside the fastest link level. Exper
 parallelism folds over the ``dp x cp`` ranks of one pipeline stage (as in Megatron-Core:
 ``ep`` must divide ``dp * cp``); expert tensor parallelism ``etp`` reuses tensor-parallel
 ranks and must divide ``tp``.
+
+Device-level techniques ride along because the cost model prices them and the planner
+chooses them: ``moe_overlap`` (how an MoE layer hides its expert-parallel all-to-alls
+behind the expert GEMMs: ``domino`` cuts tokens into ``moe_chunks``; ``comet`` computes
+local rows first, then ``moe_chunks`` remote pieces with the second GEMM in
+``moe_groups`` column groups), ``swap`` (every block's saved activations go to host
+memory) and ``loss_chunk`` (tokens per chunk of the LM head + loss; 0 = unchunked).
+``dtype="fp8"`` is tile-wise FP8 for the block linears (attention, router and LM head
+stay in bf16).
 """
 
 from __future__ import annotations
@@ -25,9 +34,12 @@ class StrategyError(LegatoError):
 
 Recompute = Literal["none", "selective", "full"]
 Dtype = Literal["fp32", "fp16", "bf16", "fp8"]
+MoEOverlap = Literal["none", "domino", "comet"]
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "seq1f1b", "svpp")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
+MOE_OVERLAPS = ("none", "domino", "comet")
+BOOLEANS = ("sp", "swap")
 
 
 @dataclass(frozen=True)
@@ -56,13 +68,20 @@ class Strategy:
     memory_cap: int = 0  # in-flight slice units per device for svpp; 0 = no cap
     recompute: Recompute = "none"
     dtype: Dtype = "bf16"
+    moe_overlap: MoEOverlap = "none"
+    moe_chunks: int = 1
+    moe_groups: int = 1
+    swap: bool = False
+    loss_chunk: int = 0  # tokens per LM-head/loss chunk; 0 = all tokens at once
 
     def __post_init__(self) -> None:
-        for name in ("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "slices"):
+        positive = ("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "slices")
+        for name in (*positive, "moe_chunks", "moe_groups"):
             if getattr(self, name) < 1:
                 raise StrategyError(f"strategy.{name} must be >= 1, got {getattr(self, name)}")
-        if self.memory_cap < 0:
-            raise StrategyError(f"strategy.memory_cap must be >= 0, got {self.memory_cap}")
+        for name in ("memory_cap", "loss_chunk"):
+            if getattr(self, name) < 0:
+                raise StrategyError(f"strategy.{name} must be >= 0, got {getattr(self, name)}")
         if self.tp % self.tp_y:
             raise StrategyError(f"strategy.tp_y ({self.tp_y}) must divide tp ({self.tp})")
         if self.zero not in (0, 1, 2, 3):
@@ -78,6 +97,16 @@ class Strategy:
         if self.dtype not in DTYPES:
             raise StrategyError(
                 f"strategy.dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}"
+            )
+        if self.moe_overlap not in MOE_OVERLAPS:
+            raise StrategyError(
+                f"strategy.moe_overlap must be one of {', '.join(MOE_OVERLAPS)}, "
+                f"got {self.moe_overlap!r}"
+            )
+        if self.moe_overlap == "none" and (self.moe_chunks > 1 or self.moe_groups > 1):
+            raise StrategyError(
+                f"strategy: moe_chunks={self.moe_chunks}, moe_groups={self.moe_groups} need "
+                f"moe_overlap domino or comet, got none"
             )
 
     @property
@@ -132,6 +161,17 @@ class Strategy:
             _divides(self.ep, model.moe.num_experts, "ep", "moe.num_experts")
             _divides(self.ep, self.dp * self.cp, "ep", "dp*cp")
             _divides(self.etp, self.tp, "etp", "tp")
+        if self.moe_overlap != "none":
+            name = f"moe_overlap={self.moe_overlap}"
+            if model.moe is None:
+                raise StrategyError(f"strategy: {name} needs an MoE model; {model.name} is dense")
+            if self.ep == 1:
+                raise StrategyError(f"strategy: {name} needs ep > 1 (nothing to overlap), got ep=1")
+            if self.etp > 1:
+                raise StrategyError(
+                    f"strategy: {name} needs etp=1 (the overlap schedules run whole experts), "
+                    f"got etp={self.etp}"
+                )
 
     def to_string(self) -> str:
         """Canonical ``key=value`` form; only fields that differ from the default."""
@@ -153,7 +193,8 @@ class Strategy:
 
     @classmethod
     def parse(cls, text: str) -> Strategy:
-        """Parse ``dp=32,tp=2,pp=1,mbs=8,gbs=512,recompute=full,schedule=1f1b,dtype=fp16``."""
+        """Parse ``dp=32,tp=2,pp=1,mbs=8,gbs=512,recompute=full,schedule=1f1b,dtype=fp16``
+        (and ``ep=8,moe_overlap=comet,moe_chunks=4,moe_groups=2,swap=1,loss_chunk=4096``)."""
         allowed = [f.name for f in fields(cls) if f.name != "tp_y"]
         kwargs: dict[str, object] = {}
         for item in filter(None, (p.strip() for p in text.split(","))):
@@ -169,11 +210,11 @@ class Strategy:
 
 
 def _parse_value(key: str, value: str) -> dict[str, object]:
-    if key in ("schedule", "recompute", "dtype"):
+    if key in ("schedule", "recompute", "dtype", "moe_overlap"):
         return {key: value}
-    if key == "sp":
+    if key in BOOLEANS:
         if value.lower() not in ("0", "1", "true", "false"):
-            raise StrategyError(f"strategy.sp must be 0/1/true/false, got {value!r}")
+            raise StrategyError(f"strategy.{key} must be 0/1/true/false, got {value!r}")
         return {key: value.lower() in ("1", "true")}
     if key == "tp" and "x" in value:
         x, _, y = value.partition("x")
