@@ -66,7 +66,7 @@ def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices
 CONFIG_ERRORS = [
     ("tp=2", "parallel.strategy: tp=2 is not executed by the trainer yet"),
     ("pp=2,cp=2", "parallel.strategy: cp=2 is not executed"),
-    ("ep=2", "parallel.strategy: ep=2 is not executed"),
+    ("etp=2", "parallel.strategy: etp=2 is not executed"),
     ("pp=2,recompute=full", "parallel.strategy: recompute=full is not executed"),
     ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
     ("pp=x", "parallel.strategy: strategy.pp must be an integer"),

@@ -80,7 +80,8 @@ BF16_MIN_SHARE = 0.25
 @dataclass(frozen=True)
 class Measurement:
     """What ``calibrate`` measured: medians per process (averaged over the processes,
-    which measured at the same time). Rates in FLOP/s and bytes/s."""
+    which measured at the same time). Rates in FLOP/s and bytes/s; ``parallel_overhead_s``
+    is what a multi-threaded eager kernel pays for its threads (0 with one thread)."""
 
     nproc: int
     threads: int
@@ -223,11 +224,13 @@ def _worker(
                 measurement, comm=timings, link=comm.fit_alpha_beta(timings)
             )
             Path(out).write_text(json.dumps(measurement.to_dict()), encoding="utf-8")
+        dist.barrier()  # no rank tears gloo down while another is still using it
     finally:
         dist.destroy_process_group()
 
 
 def comm_line(t: comm.CommTiming) -> str:
+    """One collective's timing as a progress / comment line."""
     return f"  {t.kind:<14} {t.nbytes / 1024:>8.0f} KiB  {t.seconds * 1e6:>9.1f} us"
 
 

@@ -24,7 +24,7 @@ from legato.errors import ConfigError, SpecError
 from legato.specs.registry import load_cluster
 from legato.specs.typed import from_dict, read_table_file
 from legato.train.calibrate import Measurement, comm_line
-from legato.train.config import _toml_literal
+from legato.train.config import toml_literal
 
 DEVICE_NAME = "cpu-measured"
 NOMINAL_CLUSTER = "local-cpu"  # its link stands in when one process has no peer to measure
@@ -132,10 +132,10 @@ def render_cluster_toml(m: Measurement, side: str) -> str:
     table = cluster_table(m)
     lines = [f"# {line}" for line in _comments(m, side)] + [""]
     nested = {k: v for k, v in table.items() if isinstance(v, dict)}
-    lines += [f"{k} = {_toml_literal(v)}" for k, v in table.items() if k not in nested]
+    lines += [f"{k} = {toml_literal(v)}" for k, v in table.items() if k not in nested]
     for key, value in nested.items():
         lines += ["", f"[{key}]"]
-        lines += [f"{k} = {_toml_literal(v)}" for k, v in value.items()]
+        lines += [f"{k} = {toml_literal(v)}" for k, v in value.items()]
     return "\n".join(lines) + "\n"
 
 

@@ -116,13 +116,18 @@ class TrainSection:
     micro_batch_size: int = _doc(
         6, "sequences per forward/backward; micro-batches per step = global / (micro x dp)"
     )
-    dtype: Literal["fp32", "bf16"] = _doc(
-        "fp32", "'fp32', or 'bf16' mixed precision (fp32 master weights)"
+    dtype: Literal["fp32", "bf16", "fp8", "fp8-rowwise"] = _doc(
+        "fp32",
+        "'fp32'; 'bf16' mixed precision (fp32 master weights); 'fp8' (tile-wise) or "
+        "'fp8-rowwise': bf16 with FP8 block linears and experts (fp32 master weights)",
     )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "'auto' = cuda when available, else cpu")
     seed: int = _doc(0, "seed of the model init and of the data order")
     moe_aux_loss_coef: float = _doc(
         0.01, "weight of the MoE load-balance loss added to the objective (not to the logged loss)"
+    )
+    router_bias_rate: float = _doc(
+        0.0, "MoE aux-loss-free balancing: router bias step per optimizer step; 0 = off"
     )
     log_every: int = _doc(10, "print a progress line every N steps (metrics.jsonl gets every step)")
 
@@ -138,6 +143,9 @@ class TrainSection:
         _require(
             self.moe_aux_loss_coef >= 0, "train.moe_aux_loss_coef", ">= 0", self.moe_aux_loss_coef
         )
+        _require(
+            self.router_bias_rate >= 0, "train.router_bias_rate", ">= 0", self.router_bias_rate
+        )
         _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
 
 
@@ -149,8 +157,10 @@ class ParallelSection:
     backend: Literal["auto", "gloo", "nccl"] = _doc("auto", "'auto' = nccl on cuda, gloo on cpu")
     strategy: str = _doc(
         "",
-        "keys dp, pp, vpp, schedule, slices, memory_cap, e.g. 'pp=2,schedule=svpp,slices=4'; "
-        "'' = data parallel over all processes; dp = processes / pp unless given",
+        "keys dp, pp, vpp, schedule, slices, memory_cap (pp > 1); ep, moe_overlap, moe_chunks, "
+        "moe_groups, swap, loss_chunk (pp = 1), e.g. 'pp=2,schedule=svpp,slices=4' or "
+        "'ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2'; '' = data parallel over all "
+        "processes; dp = processes / pp unless given",
     )
     fsdp: bool = _doc(
         True, "with pp = 1: shard parameters, gradients and optimizer state (FSDP2); false = DDP"
@@ -312,17 +322,17 @@ def render_toml(config: TrainConfig | None = None, header: str = "") -> str:
         lines.append(f"[{section.name}]")
         for f in dataclasses.fields(value):
             lines.append(f"# {f.metadata['doc']}")
-            lines.append(f"{f.name} = {_toml_literal(getattr(value, f.name))}")
+            lines.append(f"{f.name} = {toml_literal(getattr(value, f.name))}")
     return "\n".join(lines) + "\n"
 
 
-def _toml_literal(value: Any) -> str:
+def toml_literal(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float, str)):
         return json.dumps(value)
     if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(_toml_literal(v) for v in value) + "]"
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
     if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {_toml_literal(v)}" for k, v in value.items()) + "}"
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
     raise TypeError(f"no TOML literal for {value!r}")

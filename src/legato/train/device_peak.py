@@ -80,10 +80,17 @@ def cpu_peak_flops(dtype: str, threads: int) -> float:
 
 
 def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
-    """(FLOP/s of one device, where the number comes from: 'datasheet' or 'measured')."""
+    """(FLOP/s of one device, where the number comes from: 'datasheet' or 'measured').
+
+    FP8 training dtypes ('fp8', 'fp8-rowwise') use the device's fp8 datasheet peak. Where
+    there is none (a CPU, an unknown GPU) the peak is measured for the dtype the FP8 GEMMs
+    really run in there: fp32 (the emulated backend dequantises and multiplies in fp32).
+    """
+    fp8 = dtype.startswith("fp8")
+    measured_dtype = "fp32" if fp8 else dtype
     if device.type == "cpu":
-        return cpu_peak_flops(dtype, torch.get_num_threads()), "measured"
-    peak = datasheet_peak(device, dtype)
+        return cpu_peak_flops(measured_dtype, torch.get_num_threads()), "measured"
+    peak = datasheet_peak(device, "fp8" if fp8 else dtype)
     if peak is not None:
         return peak, "datasheet"
-    return measure_matmul_flops(device, dtype, size=4096), "measured"
+    return measure_matmul_flops(device, measured_dtype, size=4096), "measured"

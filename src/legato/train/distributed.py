@@ -152,11 +152,13 @@ def wrap_model(
     fsdp: bool,
     reshard_after_forward: bool = True,
     param_dtype: torch.dtype | None = None,
+    ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
     """Data-parallel ``model`` over ``ctx.mesh``: FSDP2 per block then the root, or DDP.
 
     ``param_dtype`` (e.g. bf16) is FSDP2's mixed precision: parameters are gathered and
     computed in it while the sharded master copy and gradient reduction stay fp32.
+    ``ignored_params``: parameters FSDP2 leaves alone (experts sharded by EP).
     Alone (world size 1) the model is returned as is.
     """
     if not ctx.distributed:
@@ -169,10 +171,14 @@ def wrap_model(
         "mesh": ctx.mesh,
         "reshard_after_forward": reshard_after_forward,
         "mp_policy": policy,
+        "ignored_params": ignored_params,
     }
     for block in model.model.layers:
         fully_shard(block, **options)
-    fully_shard(model, **options)
+    # The root stays gathered after forward (torch's own heuristic for the root: backward
+    # needs it at once), which also keeps the LM head whole for a chunked loss computed
+    # after ``hidden_states`` returns.
+    fully_shard(model, **{**options, "reshard_after_forward": False})
     return model
 
 

@@ -4,9 +4,11 @@ Pure Python (no torch), so the command line rejects a strategy before it launche
 process. What the trainer runs: with ``pp = 1``, data parallelism over every process
 (FSDP2, or DDP with ``parallel.fsdp = false``); with ``pp > 1``, a pipeline of ``pp``
 ranks running any schedule of ``legato.schedule`` (``vpp`` chunks, ``slices``,
-``memory_cap``), replicated ``dp`` times (``train.pipeline_step``). ``dp`` is derived as
+``memory_cap``), replicated ``dp`` times (``train.pipeline_step``). With pp = 1 also:
+expert parallelism (``ep`` = ``dp``, with ``moe_overlap``, ``moe_chunks``, ``moe_groups``),
+activation ``swap`` and the chunked loss (``loss_chunk``). ``dp`` is derived as
 ``world / (pp * tp * cp)`` unless given. Batch sizes and precision come from the ``train``
-section (given in the string, they must agree); every other key (``tp``, ``cp``, ``ep``, ...)
+section (given in the string, they must agree); every other key (``tp``, ``cp``, ...)
 is accepted at its default only, until the trainer executes it.
 
 Micro-batches per step on each pipeline (data-parallel replica)::
@@ -32,7 +34,20 @@ if TYPE_CHECKING:
 
 FIELD = "parallel.strategy"
 # Keys a strategy string may set for the trainer; extend as the trainer learns more.
-SUPPORTED = ("dp", "pp", "vpp", "schedule", "slices", "memory_cap")
+SUPPORTED = (
+    "dp",
+    "pp",
+    "vpp",
+    "schedule",
+    "slices",
+    "memory_cap",
+    "ep",
+    "moe_overlap",
+    "moe_chunks",
+    "moe_groups",
+    "swap",
+    "loss_chunk",
+)
 # Keys whose value another config field owns: given, they must agree with it (so a
 # planner's strategy string can be pasted as it is).
 OWNED_ELSEWHERE = {
@@ -42,6 +57,8 @@ OWNED_ELSEWHERE = {
     "zero": "parallel.fsdp",
 }
 PIPELINE_ONLY = ("vpp", "schedule", "slices", "memory_cap")
+# Keys the data-parallel path (pp = 1) runs and the pipeline runtime does not.
+DATA_PARALLEL_ONLY = ("ep", "moe_overlap", "swap", "loss_chunk")
 
 
 def given_keys(text: str) -> list[str]:
@@ -76,6 +93,12 @@ def parse_strategy(text: str) -> Strategy:
     ]
     if strategy.pp == 1 and pipeline_options:
         raise ConfigError(f"{FIELD}: {', '.join(pipeline_options)} need pp > 1, got {text!r}")
+    dp_options = [k for k in DATA_PARALLEL_ONLY if getattr(strategy, k) != getattr(default, k)]
+    if strategy.pp > 1 and dp_options:
+        raise ConfigError(
+            f"{FIELD}: {', '.join(dp_options)} run with pp = 1 only (the pipeline runtime "
+            f"does not execute them yet), got {text!r}"
+        )
     return strategy
 
 
@@ -96,7 +119,7 @@ def resolve_strategy(config: TrainConfig, spec: ModelSpec, world: int) -> Strate
     owned = {
         "mbs": config.train.micro_batch_size,
         "gbs": config.train.global_batch_size,
-        "dtype": config.train.dtype,
+        "dtype": "fp8" if config.train.dtype.startswith("fp8") else config.train.dtype,
         "zero": 3 if strategy.pp == 1 and config.parallel.fsdp and world > 1 else 0,
     }
     for key, value in owned.items():
@@ -110,12 +133,37 @@ def resolve_strategy(config: TrainConfig, spec: ModelSpec, world: int) -> Strate
         strategy.check(spec, world)
     except StrategyError as exc:
         raise StrategyError(f"{FIELD} = {text!r} on {world} processes: {exc}") from None
+    _check_data_parallel_options(strategy, config, world)
     if strategy.pp > 1 and spec.is_moe and config.train.moe_aux_loss_coef > 0:
         raise ConfigError(
             "train.moe_aux_loss_coef: the pipeline runtime does not add the MoE load-balance "
             "loss yet; set it to 0 or use pp = 1"
         )
     return strategy
+
+
+def _check_data_parallel_options(strategy: Strategy, config: TrainConfig, world: int) -> None:
+    """What the trainer's EP runs today: experts sharded over all data-parallel ranks
+    (ep = dp), the dense parts by FSDP2 (DDP cannot hold the experts' DTensors). The
+    chunked loss calls the model's ``hidden_states``, which DDP's forward does not see."""
+    ddp = world > 1 and not config.parallel.fsdp
+    if strategy.loss_chunk and ddp:
+        raise ConfigError(
+            "parallel.fsdp: the chunked loss (loss_chunk > 0) runs with FSDP2 or one process, "
+            "not DDP; set parallel.fsdp = true or loss_chunk=0"
+        )
+    if strategy.ep == 1:
+        return
+    if strategy.ep != strategy.dp:
+        raise ConfigError(
+            f"{FIELD}: ep={strategy.ep} must equal dp={strategy.dp} (experts sharded over "
+            f"all {world} processes; ep < dp is not run yet)"
+        )
+    if ddp:
+        raise ConfigError(
+            "parallel.fsdp: expert parallelism (ep > 1) needs FSDP2 (true); DDP cannot hold "
+            "the experts' DTensors"
+        )
 
 
 def pipeline_schedule(strategy: Strategy) -> Schedule:
@@ -144,3 +192,17 @@ def describe(strategy: Strategy) -> str:
     parts += [f"memory_cap={strategy.memory_cap}"] if strategy.memory_cap else []
     extra = f" ({', '.join(parts)})" if parts else ""
     return f"pp={strategy.pp} x dp={strategy.dp}, {strategy.schedule}{extra}"
+
+
+def describe_device(strategy: Strategy) -> str:
+    """The expert-parallel and memory options of a pp = 1 job, e.g. ``ep=2 comet 2x2,
+    swap, loss_chunk=1024``; '' when none is on."""
+    parts = []
+    if strategy.ep > 1:
+        overlap = strategy.moe_overlap
+        if overlap != "none":
+            overlap += f" {strategy.moe_chunks}x{strategy.moe_groups}"
+        parts.append(f"ep={strategy.ep} {overlap}")
+    parts += ["swap"] if strategy.swap else []
+    parts += [f"loss_chunk={strategy.loss_chunk}"] if strategy.loss_chunk else []
+    return ", ".join(parts)

@@ -24,13 +24,13 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from legato.cost.flops import training_flops_per_token
 from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prepare_tokens
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.models import build_model
+from legato.moe import end_step
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
@@ -42,8 +42,9 @@ from legato.train.distributed import (
     shutdown,
     unwrap,
     use_pipeline_mesh,
-    wrap_model,
 )
+from legato.train.layout import compute_dtype, data_parallel, to_fp8
+from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
     MetricsLog,
     StepMetrics,
@@ -57,9 +58,7 @@ from legato.train.metrics import (
 from legato.train.optim import build_optimizer, build_scheduler
 from legato.train.pipeline_step import PipelineStep
 from legato.train.progress import Progress
-from legato.train.strategy import describe, resolve_strategy
-
-IGNORE_INDEX = -100  # labels with this id carry no loss (cross_entropy's default)
+from legato.train.strategy import describe, describe_device, resolve_strategy
 
 
 @dataclass
@@ -149,32 +148,40 @@ class Trainer:
 
     def _build(self, ctx: DistContext) -> None:
         cfg = self.config
-        bf16 = cfg.train.dtype == "bf16"
-        if bf16 and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        low = compute_dtype(cfg.train.dtype)  # bf16 for bf16 and fp8; fp32 masters always
+        if low is not None and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp32'")
         # The full model is built (seeded) on every rank and then sharded or cut into
         # stages, so any layout starts from identical weights.
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
         self.num_params = sum(p.numel() for p in model.parameters())
+        to_fp8(model, cfg.train.dtype)  # in place, before any wrapping
         fsdp = cfg.parallel.fsdp and ctx.distributed and self.strategy.pp == 1
+        # FSDP2 casts the parameters itself (param_dtype); the EP experts it ignores
+        # take their compute dtype from autocast.
         self.autocast = (
             (lambda: torch.autocast(ctx.device.type, dtype=torch.bfloat16))
-            if bf16 and not fsdp  # FSDP2 casts the parameters itself (param_dtype)
+            if low is not None and (not fsdp or self.strategy.ep > 1)
             else contextlib.nullcontext
         )
         self.pipeline: PipelineStep | None = None
+        self.swap = None
         if self.strategy.pp > 1:
             self.pipeline = PipelineStep(model, self.strategy, ctx, self.autocast)
             self.model = model  # the full model: its parameter names key the checkpoint
             trained = self.pipeline.module
         else:
-            self.model = trained = wrap_model(
+            laid_out = data_parallel(
                 model,
+                self.strategy,
                 ctx,
                 fsdp=cfg.parallel.fsdp,
                 reshard_after_forward=cfg.parallel.reshard_after_forward,
-                param_dtype=torch.bfloat16 if bf16 else None,
+                param_dtype=low,
             )
+            self.model = trained = laid_out.module
+            self.swap = laid_out.swap  # held: its hooks live as long as the trainer
+        self.trained = trained
         self.optimizer = build_optimizer(trained, cfg.optim)
         self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
         self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
@@ -206,6 +213,8 @@ class Trainer:
             how = f"{ctx.world_size} processes, {describe(self.strategy)} over {ctx.backend}"
         elif ctx.distributed:
             how = f"{ctx.world_size} processes, {'FSDP2' if cfg.parallel.fsdp else 'DDP'} over {ctx.backend}"
+        if self.pipeline is None and describe_device(self.strategy):
+            how += f" ({describe_device(self.strategy)})"
         return (
             f"model {spec.name}: {self.num_params / 1e6:.2f}M params, {spec.num_layers} layers, "
             f"hidden {spec.hidden_size} | data: {len(self.dataset.tokens):,} tokens "
@@ -270,6 +279,9 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        if self.spec.is_moe:  # routers' load counts: bias update (if any) and reset
+            group = self.ctx.mesh.get_group("dp") if self.ctx.dp_size > 1 else None
+            end_step(self.trained, self.config.train.router_bias_rate, group)
         return loss, norm
 
     def _data_parallel_step(
@@ -287,13 +299,9 @@ class Trainer:
             rows = slice(i * micro, (i + 1) * micro)
             with gradient_sync(model, i == self.accum - 1):
                 with self.autocast():
-                    logits = model(inputs[rows])
-                token_loss = F.cross_entropy(
-                    logits.float().flatten(0, 1),
-                    labels[rows].flatten(),
-                    ignore_index=IGNORE_INDEX,
-                    reduction="sum",
-                )
+                    token_loss = token_loss_sum(
+                        model, inputs[rows], labels[rows], self.strategy.loss_chunk
+                    )
                 objective = token_loss * scale
                 aux = unwrap(model).moe_aux_loss() if aux_coef else None
                 if aux is not None:
