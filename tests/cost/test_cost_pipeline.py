@@ -66,3 +66,15 @@ def test_pipeline_sends_per_micro_batch():
     assert p2p_messages("interleaved", 3, 1) == 3
     assert p2p_messages("zb-v", 1, 1) == 2
     assert p2p_messages("svpp", 2, 4) == 8
+
+
+def test_svpp_with_one_chunk_holds_what_seq1f1b_holds():
+    from legato.cost.pipeline import in_flight_microbatches
+    from legato.schedule import build_schedule, simulate
+    from legato.schedule.costs import CostModel
+
+    p, m, k = 4, 8, 4
+    predicted = in_flight_microbatches("svpp", p, m, 1, k)
+    assert predicted == in_flight_microbatches("seq1f1b", p, m, 1, k) == (p + k - 1) / k
+    simulated = simulate(build_schedule("svpp", stages=p, microbatches=m, slices=k), CostModel())
+    assert max(simulated.peak_fraction) * p == predicted  # fraction of 1F1B's p micro-batches

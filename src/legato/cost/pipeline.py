@@ -60,13 +60,16 @@ def in_flight_microbatches(
     device 1F1B's stage-0 memory, ``p``; interleaved 1F1B warms up ``2(p - stage - 1) +
     (v - 1) p`` chunk units plus one (``p + (p - 1)/v`` on stage 0, Narayanan et al.);
     slice-level 1F1B holds ``(p - stage - 1 + k)/k`` (``(p + k - 1)/k`` on stage 0); SVPP
-    ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (notes/mepipe.md for stage 0), or ``cap``
+    ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (notes/mepipe.md for stage 0; with one chunk
+    it is Seq1F1B, as the schedule builder's default cap ``p + k - 1`` says), or ``cap``
     slice units of ``1/(v k)`` each when a memory cap is set. Never more than ``m``.
     """
     if p == 1:
         return 1.0
     if v == 1 and schedule == "interleaved":
         schedule = "1f1b"
+    if v == 1 and schedule == "svpp":  # one chunk: the builder's order is Seq1F1B's
+        schedule = "seq1f1b"
     r = stage
     forms = {
         "gpipe": float(m),
