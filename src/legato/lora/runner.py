@@ -3,13 +3,16 @@
 Everything a user can get wrong (the base model, its weights, the tokenizer, each task's
 data file, target modules and sizes) is checked before the first step, so a bad task
 stops the run before anything is written and adapters saved by earlier runs stay as they
-are. Per-task step records go to ``<output_dir>/metrics.jsonl``.
+are. Per-task step records go to ``<output_dir>/metrics.jsonl``. Under torchrun every
+process trains its share of each batch (``lora/data_parallel.py``); rank 0 writes.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
+import os
 from pathlib import Path
 from typing import TextIO
 
@@ -19,6 +22,7 @@ from legato.data.tokenizer import load_tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.lora.adapter import AdapterShape, resolve_targets
 from legato.lora.config import FinetuneConfig, ScheduleSection, TaskSection
+from legato.lora.data_parallel import DataParallel, join_torchrun
 from legato.lora.packed_model import MultiLoraModel
 from legato.lora.profile import (
     activation_bytes_per_token,
@@ -99,21 +103,39 @@ def build_scheduler(
 
 def finetune(config: FinetuneConfig, stream: TextIO | None = None) -> dict[str, Path]:
     """Train every task of ``config``; returns each task's adapter folder."""
-    device = resolve_device(config.run.device)
+    dp, device = join_torchrun(resolve_device(config.run.device))
+    try:
+        return _finetune(config, device, dp, stream)
+    finally:
+        if dp is not None:
+            dp.close()
+
+
+def _finetune(
+    config: FinetuneConfig, device: torch.device, dp: DataParallel | None, stream: TextIO | None
+) -> dict[str, Path]:
     torch.manual_seed(config.run.seed)
     model = build_backbone(config, device)
     streams = read_tasks(config, model)
     scheduler = build_scheduler(config.schedule, model, config.tasks)
+    main = dp is None or dp.rank == 0
+    if dp is not None:
+        scheduler = dp.same_on_all(scheduler)
     output = Path(config.run.output_dir).expanduser()
     trainer = MultiTaskTrainer(
-        model, scheduler, output_dir=output, base_model=config.base.weights or config.base.preset
+        model,
+        scheduler,
+        output_dir=output if main else None,
+        base_model=config.base.weights or config.base.preset,
+        data_parallel=dp,
     )
     for task in config.tasks:
         trainer.add_task(task, streams[task.name])
     output.mkdir(parents=True, exist_ok=True)
-    progress = TaskProgress(config.run.log_every, stream)
+    progress = TaskProgress(config.run.log_every, stream if main else io.StringIO())
     saved: dict[str, Path] = {}
-    with (output / "metrics.jsonl").open("a", encoding="utf-8") as log:
+    metrics = output / "metrics.jsonl" if main else Path(os.devnull)
+    with metrics.open("a", encoding="utf-8") as log:
 
         def on_step(record: TaskStepRecord) -> None:
             log.write(json.dumps(dataclasses.asdict(record)) + "\n")
@@ -121,7 +143,8 @@ def finetune(config: FinetuneConfig, stream: TextIO | None = None) -> dict[str, 
             progress.update(record)
 
         def on_finish(name: str, path: Path | None) -> None:
-            saved[name] = path
+            if path is not None:  # None on ranks other than 0
+                saved[name] = path
             progress.finish(name, path)
 
         trainer.on_step, trainer.on_finish = on_step, on_finish

@@ -8,6 +8,10 @@ accumulate to exactly the batch mean. When a task's batch is complete, its own A
 a step with its own learning-rate schedule; after its last step the adapter is saved (PEFT
 format, atomically) and the task leaves. Tasks may join at a given fused step or be added
 and removed at any time between steps; the others keep running.
+
+With a :class:`DataParallel` over a process group, each rank trains on its share of every
+batch and the tasks' gradients are summed over ranks before their optimizer steps (see
+``lora/data_parallel.py``); on one process this is a no-op.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import torch
 from legato.errors import ConfigError, DataError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.lora.config import TaskSection
+from legato.lora.data_parallel import DataParallel
 from legato.lora.packed_model import MultiLoraModel, TaskRows
 from legato.lora.peft_io import save_adapter
 from legato.lora.scheduler import PackingScheduler, TaskDemand
@@ -45,8 +50,12 @@ class TaskStepRecord:
 class _TaskRun:
     """A task while it trains: adapter, optimizer, data and the current batch's progress."""
 
-    def __init__(self, cfg: TaskSection, adapter: LoraAdapter, sampler: TaskSampler) -> None:
+    def __init__(
+        self, cfg: TaskSection, adapter: LoraAdapter, sampler: TaskSampler, dp: DataParallel
+    ) -> None:
         self.cfg = cfg
+        self.dp = dp
+        self.local_batch = dp.local_batch(cfg.batch_size, f"tasks.{cfg.name}")
         self.adapter = adapter
         self.sampler = sampler
         self.optimizer = torch.optim.AdamW(
@@ -62,20 +71,21 @@ class _TaskRun:
     def next_rows(self, count: int, device: torch.device) -> Sequences:
         if self.batch is None:
             batch = self.sampler.next(self.cfg.batch_size)  # on the CPU: no device sync
-            self.normalizer = max(1, int((batch.labels != IGNORE).sum()))
+            self.normalizer = max(1, int((batch.labels != IGNORE).sum()))  # global batch
+            batch = batch.rows(*self.dp.shard(self.cfg.batch_size))
             self.batch, self.cursor, self.loss_sum = batch.to(device), 0, 0.0
         rows = self.batch.rows(self.cursor, self.cursor + count)
         self.cursor += count
         return rows
 
     def demand(self) -> TaskDemand:
-        left = self.cfg.batch_size - (self.cursor if self.batch is not None else 0)
-        later = (self.cfg.steps - self.step - 1) * self.cfg.batch_size
+        left = self.local_batch - (self.cursor if self.batch is not None else 0)
+        later = (self.cfg.steps - self.step - 1) * self.local_batch
         return TaskDemand(self.cfg.name, self.cfg.seq_len, left, (left + later) * self.cfg.seq_len)
 
     @property
     def batch_done(self) -> bool:
-        return self.batch is not None and self.cursor == self.cfg.batch_size
+        return self.batch is not None and self.cursor == self.local_batch
 
 
 UpdateHook = Callable[[str, int, LoraAdapter], None]
@@ -94,6 +104,7 @@ class MultiTaskTrainer:
         on_step: Callable[[TaskStepRecord], None] | None = None,
         on_finish: Callable[[str, Path | None], None] | None = None,
         before_update: UpdateHook | None = None,
+        data_parallel: DataParallel | None = None,
     ) -> None:
         self.model = model
         self.scheduler = scheduler
@@ -102,6 +113,7 @@ class MultiTaskTrainer:
         self.on_step = on_step
         self.on_finish = on_finish
         self.before_update = before_update
+        self.dp = data_parallel or DataParallel(fused_groups=1)
         self.device = model.base.output_weight().device
         self.fused_steps = 0
         self.runs: dict[str, _TaskRun] = {}  # joined and training
@@ -130,7 +142,7 @@ class MultiTaskTrainer:
             raise DataError(f"{where}.data: {exc}") from None
         shape = AdapterShape(cfg.rank, cfg.alpha, cfg.dropout, tuple(cfg.target_modules))
         adapter = LoraAdapter(cfg.name, shape, self.model.base, seed=cfg.seed, device=self.device)
-        run = _TaskRun(cfg, adapter, sampler)
+        run = _TaskRun(cfg, adapter, sampler, self.dp)
         self.history[cfg.name] = []
         (self.runs if cfg.join_at <= self.fused_steps else self.waiting)[cfg.name] = run
 
@@ -156,7 +168,9 @@ class MultiTaskTrainer:
             self.runs[name].last_time = time.perf_counter()
 
     def step(self) -> list[TaskStepRecord]:
-        """One fused forward + backward; returns the optimizer steps it completed."""
+        """One fused step (a forward + backward per fused group); the optimizer steps it
+        completed. Each group's finished tasks start their gradient all-reduce as soon as
+        its backward is done and wait for it only before their optimizer steps."""
         self._join()
         plan = self.scheduler.plan([r.demand() for r in self.runs.values()])
         if not plan.take:
@@ -167,13 +181,36 @@ class MultiTaskTrainer:
             for run, (_, n) in zip(runs, plan.take, strict=True)
         ]
         self.model.train()
+        grads = [sum(p.numel() for p in run.adapter.parameters()) for run in runs]
+        pending = []
+        for group in self.dp.groups([p.sequences.num_tokens for p in parts], grads):
+            done = self._forward_backward([runs[i] for i in group], [parts[i] for i in group])
+            pending.append((done, self.dp.reduce_async(self._reduced(done))))
+        self.fused_steps += 1
+        records = []
+        for done, reduce in pending:
+            reduce.wait()
+            records += [self._update(run) for run in done]
+        return records
+
+    def _forward_backward(self, runs: list[_TaskRun], parts: list[TaskRows]) -> list[_TaskRun]:
+        """One forward + backward over ``parts``; the runs whose batch it completed."""
         losses = self.model(parts)
         total = sum(loss / run.normalizer for loss, run in zip(losses, runs, strict=True))
         total.backward()
         for loss, run in zip(losses, runs, strict=True):
             run.loss_sum = run.loss_sum + loss.detach()
-        self.fused_steps += 1
-        return [self._update(run) for run in runs if run.batch_done]
+        return [run for run in runs if run.batch_done]
+
+    @staticmethod
+    def _reduced(runs: list[_TaskRun]) -> list[torch.Tensor]:
+        """What is summed over ranks before a task's step: its gradients and loss sum."""
+        tensors = []
+        for run in runs:
+            run.loss_sum = torch.as_tensor(run.loss_sum, dtype=torch.float32).reshape(1)
+            tensors += [p.grad for p in run.adapter.parameters() if p.grad is not None]
+            tensors.append(run.loss_sum)
+        return tensors
 
     def _update(self, run: _TaskRun) -> TaskStepRecord:
         cfg = run.cfg
