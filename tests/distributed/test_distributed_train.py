@@ -84,15 +84,20 @@ def test_corrupt_checkpoint_fails_with_one_line(
 
 @pytest.mark.parametrize(
     ("mode", "tolerance"),
-    [("--parallel.fsdp=false", LOSS_TOLERANCE), ("--train.dtype=bf16", 0.05)],
-    ids=["ddp", "fsdp-bf16"],
+    [
+        (("--parallel.fsdp=false",), LOSS_TOLERANCE),
+        (("--train.dtype=bf16",), 0.05),
+        (("--train.dtype=fp8", "--train.fp8_all_gather=true"), 0.1),
+    ],
+    ids=["ddp", "fsdp-bf16", "fsdp-fp8-gather"],
 )
 def test_other_modes_track_fsdp_fp32(
-    mode: str, tolerance: float, fsdp_run: Path, small_train_args, tmp_path: Path
+    mode: tuple[str, ...], tolerance: float, fsdp_run: Path, small_train_args, tmp_path: Path
 ) -> None:
-    """DDP gives the same losses; bf16 mixed precision (FSDP2's policy) stays close."""
+    """DDP gives the same losses; bf16 mixed precision (FSDP2's policy) and FP8 linears
+    with FP8 weight all-gather stay close."""
     run = tmp_path / "run"
-    proc = _launch(small_train_args(run, "--train.micro_batch_size=2", mode))
+    proc = _launch(small_train_args(run, "--train.micro_batch_size=2", *mode))
     assert proc.returncode == 0, proc.stderr
     got, want = _losses(run), _losses(fsdp_run)
     assert list(got.values()) == pytest.approx(list(want.values()), abs=tolerance, rel=0)

@@ -121,6 +121,10 @@ class TrainSection:
         "'fp32'; 'bf16' mixed precision (fp32 master weights); 'fp8' (tile-wise) or "
         "'fp8-rowwise': bf16 with FP8 block linears and experts (fp32 master weights)",
     )
+    fp8_all_gather: bool = _doc(
+        False,
+        "with an FP8 dtype and FSDP2: all-gather FP8 weights as tile-scaled e4m3 (half of bf16)",
+    )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "'auto' = cuda when available, else cpu")
     seed: int = _doc(0, "seed of the model init and of the data order")
     moe_aux_loss_coef: float = _doc(
@@ -147,6 +151,12 @@ class TrainSection:
             self.router_bias_rate >= 0, "train.router_bias_rate", ">= 0", self.router_bias_rate
         )
         _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
+        _require(
+            not self.fp8_all_gather or self.dtype in ("fp8", "fp8-rowwise"),
+            "train.fp8_all_gather",
+            "false unless train.dtype is 'fp8' or 'fp8-rowwise'",
+            self.fp8_all_gather,
+        )
 
 
 @dataclass

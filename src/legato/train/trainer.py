@@ -31,6 +31,7 @@ from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prep
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.models import build_model
 from legato.moe import end_step
+from legato.precision.fsdp_fp8 import enable_fp8_all_gather
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
@@ -157,6 +158,8 @@ class Trainer:
         self.num_params = sum(p.numel() for p in model.parameters())
         to_fp8(model, cfg.train.dtype)  # in place, before any wrapping
         fsdp = cfg.parallel.fsdp and ctx.distributed and self.strategy.pp == 1
+        if cfg.train.fp8_all_gather and fsdp:
+            enable_fp8_all_gather(model)  # FSDP2 then gathers e4m3 tiles, not bf16
         # FSDP2 casts the parameters itself (param_dtype); the EP experts it ignores
         # take their compute dtype from autocast.
         self.autocast = (
