@@ -8,19 +8,21 @@ steps. The prediction is ``legato.cost.predict`` for the same job:
 ``Strategy(dp=N, zero=3, mbs, gbs, dtype="fp32")`` (the trainer's default batch) on the
 calibrated cluster, eager kernels (``Runtime(fused_elementwise=False)``), and
 
-* ``calibration = "measured"``: the machine's own constants
-  (``legato.train.calibrate_cluster.measured_calibration``: the file's figures are
-  achieved rates, so no GPU efficiency is applied on top) and ``overlap=False``: gloo
-  moves bytes with the cores that compute, and FSDP2 has no side streams on the CPU, so
-  the training thread waits in every all-gather and reduce-scatter (profiled);
+* ``calibration = "measured"``: the machine's own constants, as ``legato predict --cluster
+  FILE`` reads them from the side file (``legato.cost.calibration.calibration_beside``;
+  the file's figures are achieved rates, so no GPU efficiency is applied on top) and
+  ``overlap=False`` (``legato predict --no-overlap``): gloo moves bytes with the cores that
+  compute, and FSDP2 has no side streams on the CPU, so the training thread waits in every
+  all-gather and reduce-scatter (profiled);
 * ``calibration = "default"``: the GPU-fitted ``CALIBRATION`` and ``predict``'s defaults
   on the same cluster file (what ``legato predict --cluster FILE`` computes today).
 
-Not in the cost model, reported beside it: every multi-threaded eager kernel pays the
-measured fork/join overhead (``Measurement.parallel_overhead_s``, 0 with one thread per
-process); ``kernels_per_microbatch`` counts the forward and backward kernels big enough to
-be multi-threaded, and ``unmodelled_parallel_s`` estimates their overhead per step (one
-kernel size stands for all; the optimizer's kernels are not counted).
+The per-kernel term, checked: ``kernels_per_microbatch`` counts the forward and backward
+kernels of the real model big enough to be multi-threaded (a dispatch hook), beside the
+cost model's estimate (``legato.cost.runtime.kernels_per_pass``), and ``fork_join_s`` is
+what ``Calibration.kernel_overhead_s`` would add to the step if it were the calibration's
+fork/join probe (``Measurement.parallel_overhead_s``), which ``measured_calibration`` does
+not charge.
 
 On a shared machine the load from other processes drifts, and the rates a process gets
 drift with it: each N is calibrated right before its training run and again right after
@@ -42,17 +44,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from legato.cost.calibration import calibration_beside
 from legato.cost.predict import predict
 from legato.cost.prediction import Prediction
-from legato.cost.runtime import Runtime
+from legato.cost.runtime import Runtime, kernels_per_pass
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
 from legato.train.calibrate import Measurement, calibrate
-from legato.train.calibrate_cluster import (
-    measured_calibration,
-    read_measurement,
-    write_cluster_file,
-)
+from legato.train.calibrate_cluster import read_measurement, write_cluster_file
 from legato.train.config import TrainConfig
 
 MODEL = "tiny"
@@ -84,16 +83,26 @@ def strategy(nproc: int) -> Strategy:
     return Strategy(dp=nproc, zero=3, mbs=mbs, gbs=gbs, dtype="fp32")
 
 
-def predicted(nproc: int, cluster_file: Path, m: Measurement | None) -> Prediction:
-    """With the measured constants (``m``) or the defaults (None); see the docstring."""
+RUNTIME = Runtime(fused_elementwise=False)
+
+
+def predicted(nproc: int, cluster_file: Path, measured: bool) -> Prediction:
+    """With the constants of the file's side file, or the defaults; see the docstring."""
     model, cluster = load_model(MODEL), load_cluster(cluster_file)
-    runtime = Runtime(fused_elementwise=False)
-    if m is None:
-        return predict(model, cluster, strategy(nproc), runtime=runtime)
-    calibration = measured_calibration(m)
+    if not measured:
+        return predict(model, cluster, strategy(nproc), runtime=RUNTIME)
+    calibration = calibration_beside(cluster_file)
+    if calibration is None:
+        raise SystemExit(f"{cluster_file}: no `legato calibrate` side file beside it")
     return predict(
-        model, cluster, strategy(nproc), overlap=False, runtime=runtime, calibration=calibration
+        model, cluster, strategy(nproc), overlap=False, runtime=RUNTIME, calibration=calibration
     )
+
+
+def model_kernels() -> int:
+    """The cost model's kernels per micro-batch for ``MODEL`` on one stage."""
+    k = kernels_per_pass(RUNTIME)
+    return load_model(MODEL).num_layers * (k.block_fwd + k.block_bwd) + k.edge_fwd + k.edge_bwd
 
 
 def parallel_kernels(mbs: int) -> int:
@@ -194,15 +203,16 @@ def run_case(nproc: int, given: Path | None, quick: bool, steps: int, kernels: i
     extra = {"calibrated": calibrated(m)}
     if given is None:
         after = calibrate(nproc, quick=quick)
-        value = predicted(nproc, write_cluster_file(after, tmp / "after.toml"), after).step_time_s
+        value = predicted(nproc, write_cluster_file(after, tmp / "after.toml"), True).step_time_s
         extra["value_after"] = round(value, 4)
         extra["error_pct_after"] = round(100 * (value / measured["median"] - 1), 1)
         extra["calibrated_after"] = calibrated(after)
-    unmodelled = m.parallel_overhead_s * kernels * strategy(nproc).num_microbatches
-    extra["kernels_per_microbatch"] = kernels
-    extra["unmodelled_parallel_s"] = round(unmodelled, 4)
-    emit(nproc, "measured", predicted(nproc, cluster_file, m), measured, extra)
-    emit(nproc, "default", predicted(nproc, cluster_file, None), measured, {})
+    modelled = model_kernels()
+    extra["kernels_per_microbatch"] = {"counted": kernels, "cost_model": modelled}
+    overhead = m.parallel_overhead_s * modelled * strategy(nproc).num_microbatches
+    extra["fork_join_s"] = round(overhead, 4)
+    emit(nproc, "measured", predicted(nproc, cluster_file, True), measured, extra)
+    emit(nproc, "default", predicted(nproc, cluster_file, False), measured, {})
 
 
 if __name__ == "__main__":

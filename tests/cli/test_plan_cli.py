@@ -162,3 +162,59 @@ def test_predict_reports_overlap_and_swap(capsys):
     breakdown = result["breakdown"]
     assert breakdown["moe_overlap"]["schedule"] == "comet"
     assert breakdown["swap"]["host_gib"] > 0 and breakdown["comm_s"]["host"] > 0
+
+
+def _calibrated_cluster(tmp_path, overhead: float):
+    """A cluster file with a `legato calibrate`-style side file beside it."""
+    cluster = tmp_path / "local.toml"
+    cluster.write_text('device = "cpu"\ndevices_per_node = 2\n'
+                       'intra_node = { name = "gloo", bandwidth_gbps = 5, latency_us = 20.0 }\n')  # fmt: skip
+    side = {"measurement": {}, "calibration": {"kernel_overhead_s": overhead}}
+    (tmp_path / "local.calibration.json").write_text(json.dumps(side))
+    return cluster
+
+
+def _step(capsys, *argv: str) -> float:
+    code, out, err = run(capsys, "predict", "--model", "tiny", "--strategy", "dp=2,zero=3,gbs=12",
+                         "--no-overlap", "--json", *argv)  # fmt: skip
+    assert code == 0, err
+    return json.loads(out)["step_time_s"]
+
+
+def test_predict_uses_the_side_file_or_calibration_flag(capsys, tmp_path):
+    cluster = str(_calibrated_cluster(tmp_path, 1e-3))
+    plain = _step(capsys, "--cluster", "local-cpu")
+    beside = _step(capsys, "--cluster", cluster)
+    assert beside > plain  # the side file's kernel overhead is counted
+    flat = tmp_path / "zero.json"
+    flat.write_text(json.dumps({"kernel_overhead_s": 0.0}))
+    assert _step(capsys, "--cluster", cluster, "--calibration", str(flat)) == plain  # flag wins
+    given = _step(
+        capsys, "--cluster", "local-cpu", "--calibration", str(tmp_path / "local.calibration.json")
+    )
+    assert given == beside
+    line = {"model": "tiny", "cluster": cluster, "strategy": "dp=2,zero=3,gbs=12"}
+    batch = tmp_path / "b.jsonl"
+    batch.write_text(json.dumps(line) + "\n")
+    code, out, _ = run(capsys, "predict", "--batch", str(batch), "--no-overlap")
+    assert code == 0 and json.loads(out)["step_time_s"] == beside
+
+
+def test_bad_calibration_file_is_one_line_exit_2(capsys, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"kernel_overhead": 1e-3}))
+    code, out, err = run(capsys, "predict", "--model", "tiny", "--cluster", "local-cpu",
+                         "--strategy", "dp=2,gbs=12", "--calibration", str(bad))  # fmt: skip
+    assert code == 2 and out == ""
+    assert "calibration.kernel_overhead: unknown field" in err and err.count("\n") == 1
+
+
+def test_plan_scores_with_the_calibration(capsys, tmp_path):
+    cluster = str(_calibrated_cluster(tmp_path, 1e-3))
+    steps = []
+    for src in ("local-cpu", cluster):
+        code, out, err = run(capsys, "plan", "--model", "tiny", "--cluster", src, "--gbs", "12",
+                             "--dtype", "fp32", "--json")  # fmt: skip
+        assert code == 0, err
+        steps.append(json.loads(out)["plans"][0]["step_time_s"])
+    assert steps[1] > steps[0]

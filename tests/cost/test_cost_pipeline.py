@@ -78,3 +78,27 @@ def test_svpp_with_one_chunk_holds_what_seq1f1b_holds():
     assert predicted == in_flight_microbatches("seq1f1b", p, m, 1, k) == (p + k - 1) / k
     simulated = simulate(build_schedule("svpp", stages=p, microbatches=m, slices=k), CostModel())
     assert max(simulated.peak_fraction) * p == predicted  # fraction of 1F1B's p micro-batches
+
+
+@pytest.mark.parametrize(
+    ("p", "m", "v", "k"), [(4, 8, 2, 2), (4, 16, 2, 4), (8, 16, 2, 2), (4, 8, 1, 2), (8, 16, 4, 2)]
+)
+def test_capped_svpp_bubble_tracks_the_simulator(p, m, v, k):
+    """A cap below the default costs bubble; the closed form's extra time stays within
+    35% of the simulator's makespan (t_f = t_w = 1, t_b = 2: the builder's unit costs),
+    is zero at the default cap and grows as the cap shrinks."""
+    from legato.schedule import simulate
+    from legato.schedule.builders import default_memory_cap, memory_floor, svpp
+
+    floor, default = memory_floor(v, k), default_memory_cap(p, v, k)
+    uncapped = simulate(svpp(p, m, v, k)).makespan
+    base = pipeline_time("svpp", p, m, v, k, 1.0, 2.0, 1.0)
+    assert pipeline_time("svpp", p, m, v, k, 1.0, 2.0, 1.0, cap=default) == base
+    previous = base.bubble_s
+    for cap in sorted({floor, (floor + default) // 2}, reverse=True):
+        model = pipeline_time("svpp", p, m, v, k, 1.0, 2.0, 1.0, cap=cap)
+        simulated = simulate(svpp(p, m, v, k, memory_cap=cap)).makespan
+        predicted = uncapped + model.bubble_s - base.bubble_s
+        assert predicted == pytest.approx(simulated, rel=0.35)
+        assert model.bubble_s >= previous
+        previous = model.bubble_s

@@ -178,3 +178,25 @@ def test_strategies_the_scorer_rejects_count_as_invalid(fake_scorer):
                     scorer=no_context_parallel)  # fmt: skip
     assert result.stats.invalid > 0 and "no cp" in result.stats.first_invalid
     assert result.best is not None and all(s.strategy.cp == 1 for s in result.scored)
+
+
+def test_a_fitting_memory_cap_does_not_end_its_row():
+    """A capped SVPP cell that fits is scored as an extra: the walk goes on to the
+    recompute cells to its right, which may be faster than the cap's bubble."""
+    from types import SimpleNamespace
+
+    from legato.plan.search import Scored, SearchStats, _walk_ladder
+    from legato.specs.strategy import Strategy
+
+    base = Strategy(dp=1, tp=1, pp=4, gbs=8, schedule="svpp", vpp=2, slices=2)
+    row = [base, base.with_(memory_cap=4), base.with_(recompute="full"), base.with_(swap=True)]
+    fits = {row[1]: True, row[2]: True}
+    seen = []
+
+    def score(s):
+        seen.append(s)
+        return Scored(s, SimpleNamespace(fits=fits.get(s, False), tokens_per_s=1.0))
+
+    assert _walk_ladder([row], score, SearchStats(), -1.0) is True
+    assert seen == row[:3]  # the swap cell right of the fitting recompute is dominated
+    assert _walk_ladder([row[:2]], score, SearchStats(), -1.0) is True  # only the cap fits

@@ -112,3 +112,28 @@ def test_presets_give_a_sensible_space_size():
     assert {s.pp for s in found} == {1, 2}  # 126 layers: pp must divide 126 and 16384
     assert max(s.tp for s in found) == 8
     assert len(found) < 100
+
+
+def test_svpp_memory_caps_follow_no_and_full_recompute():
+    """Smaller caps (midpoint, floor v*k) are tried only for svpp, after no recompute and
+    after full recompute (with chunked loss where it applies), before swap; they save
+    memory and the cost model charges them bubble once below the round trip D."""
+    from legato.cost.predict import predict
+    from legato.plan.space import SearchSpace, memory_settings, smaller_caps
+    from legato.specs import load_cluster, load_model
+    from legato.specs.strategy import Strategy
+
+    model, cluster = load_model("llama2-13b"), load_cluster("rtx4090-pcie", nodes=8)
+    svpp = Strategy(dp=16, tp=1, pp=4, gbs=128, schedule="svpp", vpp=2, slices=2, zero=1)
+    assert smaller_caps(svpp) == [8, 4]  # default (2+1)*4 + 2 - 2 = 12, floor 2*2
+    assert smaller_caps(svpp.with_(schedule="1f1b", vpp=1, slices=1)) == []
+    row = memory_settings(model, svpp, SearchSpace())
+    capped = [(s["recompute"], s["memory_cap"]) for s in row if "memory_cap" in s]
+    assert capped == [("none", 8), ("none", 4), ("full", 8), ("full", 4)]
+    assert "swap" in row[-1] and "memory_cap" not in row[0]
+    no_caps = memory_settings(model, svpp, SearchSpace(svpp_caps=False))
+    assert all("memory_cap" not in s for s in no_caps)
+    by_cap = [predict(model, cluster, svpp.with_(memory_cap=c)) for c in (0, 8, 4)]
+    assert by_cap[0].memory_gib > by_cap[1].memory_gib > by_cap[2].memory_gib
+    # D = (v p + k - 1) 2/3 = 6 slice units: 8 still keeps the pipeline busy, 4 does not
+    assert by_cap[0].step_time_s == by_cap[1].step_time_s < by_cap[2].step_time_s

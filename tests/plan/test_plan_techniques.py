@@ -90,3 +90,14 @@ def test_fp8_only_when_asked():
     assert fp8.result.best.prediction.tokens_per_s > default.result.best.prediction.tokens_per_s
     with pytest.raises(PlanError, match="no fp8 peak"):
         make_plan(model, load_cluster("dgx-a100", nodes=1), 64, space=SearchSpace(dtype="fp8"))
+
+
+def test_a_memory_cap_is_reported_with_its_bubble():
+    from legato.plan.search import Scored
+    from legato.specs.strategy import Strategy
+
+    model, cluster = load_model("llama2-13b"), load_cluster("rtx4090-pcie", nodes=8)
+    s = Strategy.parse("dp=16,pp=4,zero=2,gbs=128,schedule=svpp,slices=4,memory_cap=4")
+    [line] = techniques(Scored(s, predict(model, cluster, s)))
+    assert line.startswith("SVPP memory cap: 4 slice units in flight per device (default 7)")
+    assert not techniques(Scored(s.with_(memory_cap=0), predict(model, cluster, s)))

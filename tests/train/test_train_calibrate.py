@@ -3,12 +3,14 @@ the cost model reproduces the measured rates under the measured calibration."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
 
 from legato.cli import main as cli
+from legato.cost.calibration import calibration_beside
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel, Gemm
 from legato.errors import ConfigError
@@ -157,6 +159,18 @@ def test_measured_calibration_reproduces_the_measurements(tmp_path: Path):
     for c in m.comm:
         t = collective_time(c.kind, c.nbytes, c.ranks, cluster.levels[0], calibration)
         assert t == pytest.approx(c.seconds, rel=1e-3)
+
+
+def test_side_file_loads_back_as_the_measured_calibration(tmp_path: Path):
+    """What `legato predict --cluster FILE` uses is ``measured_calibration``; the fork/join
+    probe is recorded in the measurement but not charged per kernel."""
+    m = dataclasses.replace(_measurement(), threads=2, parallel_overhead_s=3e-5)
+    path = write_cluster_file(m, tmp_path / "local.toml")
+    loaded = calibration_beside(path)
+    assert loaded == measured_calibration(m)
+    assert loaded.gemm_peak_fraction(DEVICE_NAME) == 1.0 and loaded.base_latency_us == 0.0
+    assert loaded.kernel_overhead_s == 0.0
+    assert read_measurement(path).parallel_overhead_s == pytest.approx(3e-5)
 
 
 def test_one_process_file_has_the_nominal_link(tmp_path: Path):

@@ -4,11 +4,14 @@ Neither command imports torch. Models and clusters are a preset name, a TOML/JSO
 (in ``--batch`` lines) an inline table; strategies use the ``key=value`` syntax of
 ``Strategy.parse`` (``dp=32,tp=4x2,pp=4,vpp=2,schedule=interleaved,mbs=1,gbs=512``).
 User mistakes (unknown preset, impossible strategy) are one line on stderr, exit code 2.
+The cost model's constants are ``CALIBRATION``'s, those of ``--calibration FILE``, or, for
+a cluster file written by ``legato calibrate``, those of its ``<stem>.calibration.json``.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any
@@ -17,8 +20,10 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from legato.cost.calibration import CALIBRATION, Calibration, calibration_beside, load_calibration
 from legato.errors import LegatoError
 from legato.plan.report import PlanReport, make_plan
+from legato.plan.search import Scorer
 from legato.plan.space import SearchSpace
 from legato.specs import ClusterSpec, ModelSpec, load_cluster, load_model
 from legato.specs.strategy import DTYPES, Strategy, StrategyError
@@ -51,6 +56,22 @@ def _add_target(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument("--nodes", type=int, default=None, help="number of nodes")
     parser.add_argument("--seq", type=int, default=None, help="sequence length (default: model's)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--calibration",
+        metavar="FILE",
+        help="cost-model constants (JSON of Calibration fields, or a `legato calibrate` "
+        "side file); default: for a cluster file written by `legato calibrate`, its "
+        "<stem>.calibration.json when present, else the GPU-fitted constants",
+    )
+
+
+def _calibration(path: str | None, cluster_src: Any) -> Calibration:
+    """``--calibration FILE``, else the side file of a calibrated cluster file, else the
+    GPU-fitted constants."""
+    if path is not None:
+        return load_calibration(path)
+    found = calibration_beside(cluster_src) if isinstance(cluster_src, str) else None
+    return found or CALIBRATION
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -65,7 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     predict.add_argument("--strategy", help="e.g. dp=8,tp=8,pp=2,sp=1,mbs=1,gbs=512")
     predict.add_argument("--batch", metavar="FILE.jsonl", help="predict every line of a file")
     predict.add_argument(
-        "--no-overlap", action="store_true", help="assume no communication/compute overlap"
+        "--no-overlap",
+        action="store_true",
+        help="assume no communication/compute overlap (right for CPU processes over gloo, "
+        "e.g. a `legato calibrate` cluster file)",
     )
     predict.set_defaults(func=_run_predict)
 
@@ -110,13 +134,17 @@ def _strategy(source: Any) -> Strategy:
 
 
 def predict_one(
-    model: ModelSpec, cluster: ClusterSpec, strategy: Strategy, overlap: bool = True
+    model: ModelSpec,
+    cluster: ClusterSpec,
+    strategy: Strategy,
+    overlap: bool = True,
+    calibration: Calibration = CALIBRATION,
 ) -> dict[str, Any]:
     """The JSON object ``legato predict`` prints for one triple."""
     from legato.cost.predict import predict
 
     strategy.check(model, cluster.world_size)
-    prediction = predict(model, cluster, strategy, overlap=overlap)
+    prediction = predict(model, cluster, strategy, overlap=overlap, calibration=calibration)
     head = {"model": model.name, "cluster": cluster.name, "devices": cluster.world_size}
     return {**head, "strategy": strategy.to_string(), **prediction.to_dict()}
 
@@ -124,12 +152,13 @@ def predict_one(
 def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
     overlap = not args.no_overlap
     if args.batch:
-        return _run_batch(args.batch, overlap)
+        return _run_batch(args.batch, overlap, args.calibration)
     missing = [f"--{n}" for n in ("model", "cluster", "strategy") if getattr(args, n) is None]
     if missing:
         raise LegatoError(f"predict needs {', '.join(missing)} (or --batch FILE.jsonl)")
     model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
-    result = predict_one(model, cluster, _strategy(args.strategy), overlap)
+    calibration = _calibration(args.calibration, args.cluster)
+    result = predict_one(model, cluster, _strategy(args.strategy), overlap, calibration)
     if args.json:
         print(json.dumps(result))
     else:
@@ -137,7 +166,7 @@ def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _batch_line(line: str, overlap: bool) -> dict[str, Any]:
+def _batch_line(line: str, overlap: bool, calibration_file: str | None) -> dict[str, Any]:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
@@ -152,10 +181,11 @@ def _batch_line(line: str, overlap: bool) -> dict[str, Any]:
             f"missing {sorted(missing)}, unknown {sorted(unknown)}"
         )
     model, cluster = _load(item["model"], item["cluster"], item.get("nodes"), item.get("seq"))
-    return predict_one(model, cluster, _strategy(item["strategy"]), overlap)
+    calibration = _calibration(calibration_file, item["cluster"])
+    return predict_one(model, cluster, _strategy(item["strategy"]), overlap, calibration)
 
 
-def _run_batch(path: str, overlap: bool) -> int:
+def _run_batch(path: str, overlap: bool, calibration_file: str | None) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -166,7 +196,7 @@ def _run_batch(path: str, overlap: bool) -> int:
         if not line.strip():
             continue
         try:
-            out = _batch_line(line, overlap)
+            out = _batch_line(line, overlap, calibration_file)
         except LegatoError as exc:
             failed += 1
             out = {"error": f"line {number}: {exc}"}
@@ -181,12 +211,22 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
     if args.top < 1:
         raise LegatoError(f"--top must be >= 1, got {args.top}")
     space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype)
-    report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space)
+    scorer = _scorer(_calibration(args.calibration, args.cluster))
+    report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space, scorer=scorer)
     if args.json:
         print(json.dumps(report.to_dict()))
     else:
         _print_plan(report)
     return 0
+
+
+def _scorer(calibration: Calibration) -> Scorer | None:
+    """The cost model under ``calibration`` (None: the planner's default scorer)."""
+    if calibration == CALIBRATION:
+        return None
+    from legato.cost.predict import predict
+
+    return functools.partial(predict, calibration=calibration)
 
 
 def _console() -> Console:

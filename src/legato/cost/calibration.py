@@ -12,12 +12,23 @@ of these numbers. They are global: no constant belongs to one model or one publi
   table's mean error on ``cost/data/published_runs.csv`` (every table weighted alike);
   the optimum is flat, and among grid points within 0.1 point of the best we keep the one
   with the most tables under 10% (see BENCHMARKS.md).
+* ``kernel_overhead_s``: 0 for the GPU constants (the fitted efficiencies absorb launch
+  costs); ``legato calibrate`` measures it on a CPU host (``<stem>.calibration.json``).
 * The rest: counted or typical values, stated at each field.
+
+``load_calibration`` reads such constants back: a JSON object of ``Calibration`` fields
+(those missing keep ``CALIBRATION``'s values), or a ``legato calibrate`` side file whose
+``"calibration"`` entry is that object; ``side_path`` names the side file of a cluster
+file, ``calibration_beside`` loads it when it is there.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from legato.errors import ConfigError
+from legato.specs.typed import from_dict, read_table_file, to_dict
 
 
 @dataclass(frozen=True)
@@ -67,6 +78,10 @@ class Calibration:
     # CUDA context, allocator fragmentation and workspaces: PyTorch on 80 GB GPUs typically
     # keeps 2-4 GiB beyond what tensors need.
     framework_gib: float = 3.0
+    # Seconds every eager kernel costs beyond its bytes and FLOPs (dispatch, and on a CPU
+    # the fork/join of its threads), times ``runtime.kernels_per_pass``. 0 here: GPU launch
+    # costs hide behind the queue and the fitted efficiencies above absorb the rest.
+    kernel_overhead_s: float = 0.0
 
     def gemm_peak_fraction(self, device_name: str) -> float:
         name = device_name.lower()
@@ -77,3 +92,50 @@ class Calibration:
 
 
 CALIBRATION = Calibration()
+
+
+def load_calibration(path: str | Path) -> Calibration:
+    """The constants in JSON file ``path`` over ``CALIBRATION``'s (lists become tuples);
+    ConfigError (one line, naming the key) for an unknown field or a bad value."""
+    data = read_table_file(path, ConfigError)
+    if "calibration" in data:  # a ``legato calibrate`` side file
+        data = data["calibration"]
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: calibration must be a JSON object of Calibration fields")
+    where = f"{path}: calibration"
+    merged = {**to_dict(CALIBRATION), **data}
+    by_device = merged.pop("peak_fraction_by_device")  # (name, fraction) pairs: typed apart
+    calibration = from_dict(Calibration, merged, where, ConfigError)
+    return replace(calibration, peak_fraction_by_device=_pairs(by_device, where))
+
+
+def _pairs(value: object, where: str) -> tuple[tuple[str, float], ...]:
+    where = f"{where}.peak_fraction_by_device"
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"{where}: expected a list of [device prefix, fraction] pairs")
+    pairs = []
+    for i, pair in enumerate(value):
+        ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
+        if not ok or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)):
+            raise ConfigError(f"{where}[{i}]: expected [device prefix, fraction], got {pair!r}")
+        pairs.append((pair[0], float(pair[1])))
+    return tuple(pairs)
+
+
+SIDE_SUFFIX = ".calibration.json"
+
+
+def side_path(cluster_file: str | Path) -> Path:
+    """Where ``legato calibrate`` puts the measurements and constants of ``cluster_file``."""
+    path = Path(cluster_file)
+    return path.with_name(path.stem + SIDE_SUFFIX)
+
+
+def calibration_beside(cluster_file: str | Path) -> Calibration | None:
+    """The constants ``legato calibrate`` wrote beside ``cluster_file``, or None when it is
+    not such a file (a preset name, a file without a side file)."""
+    path = Path(cluster_file)
+    side = side_path(path)
+    if not (path.suffix == ".toml" and path.is_file() and side.is_file()):
+        return None
+    return load_calibration(side)

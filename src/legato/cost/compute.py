@@ -50,6 +50,7 @@ class DeviceModel:
     dtype_bytes: int
     linear_peak_flops: float  # block linears: the fp8 peak in fp8 training, else peak_flops
     linear_bytes: int  # bytes per block-linear operand element (1 in fp8 training)
+    kernel_overhead_s: float = 0.0  # per eager kernel, beyond its bytes and FLOPs
 
     @classmethod
     def of(cls, device: DeviceSpec, dtype: str, calibration: Calibration) -> DeviceModel:
@@ -67,6 +68,7 @@ class DeviceModel:
             dtype_bytes=4 if dtype == "fp32" else 2,
             linear_peak_flops=device.peak_flops("fp8") if fp8 else peak,
             linear_bytes=1 if fp8 else (4 if dtype == "fp32" else 2),
+            kernel_overhead_s=calibration.kernel_overhead_s,
         )
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
@@ -94,3 +96,7 @@ class DeviceModel:
 
     def memory_time(self, nbytes: float) -> float:
         return nbytes / self.memory_bandwidth
+
+    def kernels_time(self, kernels: float) -> float:
+        """What ``kernels`` eager kernels cost beyond their work (dispatch, fork/join)."""
+        return kernels * self.kernel_overhead_s

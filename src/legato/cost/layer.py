@@ -24,7 +24,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from legato.cost.compute import DeviceModel, Gemm
-from legato.cost.runtime import Runtime, activation_bytes, op_bytes
+from legato.cost.runtime import Runtime, activation_bytes, kernels_per_pass, op_bytes
 from legato.specs.model import ModelSpec
 from legato.specs.params import attention_params
 from legato.specs.strategy import Strategy
@@ -139,15 +139,23 @@ def layer_work(
         bwd.append(Comm("cp", "p2p", kv_bytes, 2 * (c - 1)))
 
     comms = PassComms(tuple(fwd), tuple(bwd))
-    return _work(device, linears, others, elementwise, comms, attn_fwd, attn_bwd)
+    k = kernels_per_pass(runtime)
+    kernels = (k.block_fwd, k.block_bwd)
+    return _work(device, linears, others, elementwise, comms, attn_fwd, attn_bwd, kernels)
 
 
 def edge_work(
-    model: ModelSpec, strategy: Strategy, device: DeviceModel, first: bool, last: bool
+    model: ModelSpec,
+    strategy: Strategy,
+    device: DeviceModel,
+    first: bool,
+    last: bool,
+    runtime: Runtime | None = None,
 ) -> LayerWork:
     """The embedding (first stage) and the LM head with its loss (last stage): the head
     GEMM over the vocabulary shard, fp32 logits written, read for softmax and written as
-    gradients (4 fp32 passes plus the low-precision logits), the embedding gather."""
+    gradients (4 fp32 passes plus the low-precision logits), the embedding gather.
+    ``runtime`` sets the edge kernels' count (``kernels_per_pass``)."""
     s, t = model.seq_len, strategy.tp
     tokens = strategy.mbs * s / strategy.cp
     h, d = model.hidden_size, activation_bytes(strategy.dtype)
@@ -161,7 +169,9 @@ def edge_work(
         elementwise += (d + 4 * 4) * tokens * model.vocab_size / t
         head = tp_collectives(model, strategy, "head")
         fwd, bwd = fwd + head.forward, bwd + head.backward
-    return _work(device, [], gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0)
+    k = kernels_per_pass(runtime or Runtime())
+    kernels = (k.edge_fwd, k.edge_bwd) if first or last else (0, 0)
+    return _work(device, [], gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0, kernels)
 
 
 def _work(
@@ -172,17 +182,20 @@ def _work(
     comms: PassComms,
     attn_fwd: float,
     attn_bwd: float,
+    kernels: tuple[int, int],
 ) -> LayerWork:
-    """Times of block-linear and other GEMMs plus attention plus elementwise bytes; the
-    backward runs two GEMMs per forward GEMM and moves twice the elementwise bytes (read
-    the saved input and the incoming gradient, write the outgoing one)."""
+    """Times of block-linear and other GEMMs plus attention plus elementwise bytes plus
+    the per-kernel overhead of ``kernels`` (forward, backward); the backward runs two GEMMs
+    per forward GEMM and moves twice the elementwise bytes (read the saved input and the
+    incoming gradient, write the outgoing one)."""
     timed = [(g, device.linear_time) for g in linears] + [(g, device.gemm_time) for g in others]
     fwd = sum(time(g) for g, time in timed)
     bwd = [(g.backward(), time) for g, time in timed]
     ew = device.memory_time(elementwise)
+    k_fwd, k_bwd = (device.kernels_time(k) for k in kernels)
     return LayerWork(
-        fwd_s=fwd + attn_fwd + ew,
-        bwd_input_s=sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew,
+        fwd_s=fwd + attn_fwd + ew + k_fwd,
+        bwd_input_s=sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew + k_bwd,
         bwd_weight_s=sum(time(dw) for (_, dw), time in bwd),
         attn_fwd_s=attn_fwd,
         attn_bwd_s=attn_bwd,

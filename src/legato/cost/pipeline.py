@@ -19,7 +19,15 @@ class PipelineTime:
 
 
 def pipeline_time(
-    schedule: str, p: int, m: int, v: int, k: int, t_f: float, t_b: float, t_w: float
+    schedule: str,
+    p: int,
+    m: int,
+    v: int,
+    k: int,
+    t_f: float,
+    t_b: float,
+    t_w: float,
+    cap: float = 0,
 ) -> PipelineTime:
     """Step time of the pipelined forward/backward passes.
 
@@ -30,7 +38,13 @@ def pipeline_time(
     * zb-v: two chunks per device in a V; bubble ``(p - 1)(t_f + t_b' - 2 t_w)/2``, zero
       when the three parts are equal, never negative;
     * seq1f1b: slice units of 1/k of a micro-batch: ``(m + (p - 1)/k)(t_f + t_b)``;
-    * svpp: slices and chunks: ``(m + (p - 1)/(v k))(t_f + t_b)``.
+    * svpp: slices and chunks: ``(m + (p - 1)/(v k))(t_f + t_b)``. A memory ``cap``
+      (slice units per device, 0 = the builder's default) below the round trip of a slice
+      unit, ``D = (v p + k - 1)(t_f + t_b - t_w)/(t_f + t_b)`` units, throttles the device
+      to ``cap / D`` of its rate (Little's law: W passes need not wait, so only F and
+      B' count): the bubble grows by ``m (t_f + t_b)(D / cap - 1)``. Within 35% of
+      ``legato.schedule.simulate``'s makespan (tests/cost/test_cost_pipeline.py); the
+      default cap is never below ``D``.
     """
     work = m * (t_f + t_b)
     if p == 1:
@@ -47,6 +61,9 @@ def pipeline_time(
         "svpp": (p - 1) * unit / (v * k),
     }
     bubble = bubbles[schedule]
+    if schedule == "svpp" and cap > 0:
+        depth = (v * p + k - 1) * (t_f + t_b - t_w) / unit
+        bubble += work * max(0.0, depth / cap - 1)
     return PipelineTime(work + bubble, bubble)
 
 
@@ -66,6 +83,7 @@ def in_flight_microbatches(
     """
     if p == 1:
         return 1.0
+    capped = schedule == "svpp" and cap > 0
     if v == 1 and schedule == "interleaved":
         schedule = "1f1b"
     if v == 1 and schedule == "svpp":  # one chunk: the builder's order is Seq1F1B's
@@ -81,7 +99,7 @@ def in_flight_microbatches(
         "svpp": ((v + 1) * p + k - 2 - 2 * r) / (v * k),
     }
     units = forms[schedule]
-    if schedule == "svpp" and cap > 0:
+    if capped:
         units = min(units, cap / (v * k))
     return min(units, float(m))
 

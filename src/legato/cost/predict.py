@@ -70,6 +70,7 @@ def predict(
         slowest.t_f,
         slowest.t_b,
         slowest.t_w,
+        strategy.memory_cap,
     )
     dp_device = max(steps.values(), key=lambda x: sum(x.exposed_step.values()) + x.optimizer_s)
     step = pipe.total_s + sum(dp_device.exposed_step.values()) + dp_device.optimizer_s

@@ -61,3 +61,25 @@ def op_bytes(runtime: Runtime, d: int, mlp: str) -> OpBytes:
 def activation_bytes(dtype: str) -> int:
     """Bytes of one activation element: fp8 training keeps activations in bf16."""
     return max(DTYPE_BYTES[dtype], 2)
+
+
+@dataclass(frozen=True)
+class KernelCounts:
+    """Kernels of one micro-batch's pass that pay ``Calibration.kernel_overhead_s``."""
+
+    block_fwd: int  # per transformer block
+    block_bwd: int
+    edge_fwd: int  # embedding, final norm, LM head and loss, on their stages
+    edge_bwd: int
+
+
+def kernels_per_pass(runtime: Runtime) -> KernelCounts:
+    """Kernels over whole activations (every element, not per-token statistics such as the
+    norms' mean and rsqrt, which stay under a CPU's parallel grain size), counted with a
+    dispatch hook on legato's dense block (RMSNorm, RoPE, SwiGLU, SDPA; torch 2.13): eager,
+    35 forward and 51 backward per block, 9 and 14 at the edges. Fused elementwise runs each
+    norm, the RoPE of Q and of K and the activation as one kernel per pass: 22 and 29 per
+    block, 7 and 8 at the edges. MoE routing kernels and the optimizer's are not counted."""
+    if runtime.fused_elementwise:
+        return KernelCounts(22, 29, 7, 8)
+    return KernelCounts(35, 51, 9, 14)

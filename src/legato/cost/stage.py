@@ -170,7 +170,7 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     """Times of one device: per micro-batch, then exposed traffic after overlap."""
     s, m = ctx.strategy, ctx.strategy.num_microbatches
     counts = [(ctx.works[k], n) for k, n in ((False, stage.dense), (True, stage.moe)) if n]
-    edge = edge_work(ctx.model, s, ctx.device, stage.first, stage.last)
+    edge = edge_work(ctx.model, s, ctx.device, stage.first, stage.last, ctx.runtime)
     fwd = edge.fwd_s + sum(w.fwd_s * n for w, n in counts)
     bwd_w = edge.bwd_weight_s + sum(w.bwd_weight_s * n for w, n in counts)
     bwd = edge.bwd_input_s + bwd_w + sum(w.bwd_input_s * n for w, n in counts)

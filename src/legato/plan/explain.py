@@ -15,6 +15,7 @@ from typing import Any
 from legato.plan.errors import PlanError
 from legato.plan.layout import backward_collectives, forward_collectives, part_layout
 from legato.plan.search import Scored
+from legato.schedule.builders import default_memory_cap
 from legato.specs.model import ModelSpec
 
 
@@ -89,6 +90,12 @@ def techniques(scored: Scored) -> list[str]:
         lines.append(
             f"activation swap: {swap.get('host_gib', 0.0):.1f} GiB per device in host "
             f"memory, {exposed:.3g} s per step of host copies not hidden by compute"
+        )
+    if s.memory_cap:
+        default = default_memory_cap(s.pp, s.vpp, s.slices)
+        lines.append(
+            f"SVPP memory cap: {s.memory_cap} slice units in flight per device (default "
+            f"{default}): less activation memory, {breakdown.get('bubble_s', 0.0):.3g} s bubble"
         )
     if s.loss_chunk:
         lines.append(f"chunked loss: LM head and loss over {s.loss_chunk} tokens at a time")

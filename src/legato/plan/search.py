@@ -106,15 +106,19 @@ def _walk_ladder(
 ) -> bool | None:
     """Score the non-dominated cells of the memory grid. True if one fitted, False if
     none did, None if the grid was abandoned: its fastest cell (the first) is no faster
-    than ``threshold`` tokens/s, so no cell of it can make the top-k."""
+    than ``threshold`` tokens/s, so no cell of it can make the top-k. A fitting cell with
+    a smaller SVPP memory cap does not end its row: the cap's bubble may cost more than
+    the recompute to its right."""
     limit = len(grid[0])  # cells at or right of a fitting column are dominated
-    tried = 0
+    tried, fitted = 0, False
     cells = sum(len(row) for row in grid)
     for row in grid:
         for col in range(limit):
             tried += 1
             scored = score(row[col])
-            if scored is not None and scored.prediction.fits:
+            fits = scored is not None and scored.prediction.fits
+            fitted |= fits
+            if fits and not row[col].memory_cap:
                 limit = col
                 break
             if tried == 1 and scored is not None and scored.prediction.tokens_per_s <= threshold:
@@ -123,7 +127,7 @@ def _walk_ladder(
         if limit == 0:
             break
     stats.skipped_dominated += cells - tried
-    return limit < len(grid[0])
+    return fitted
 
 
 def search(

@@ -16,8 +16,11 @@ The space is kept finite and sensible by rules a practitioner would apply anyway
   few chunk and column-group counts) is tried (``plan.search`` keeps the fastest);
 * micro-batch sizes are powers of two that divide the per-replica batch;
 * memory settings are a grid of ZeRO stage by recompute, where recompute is extended by
-  chunked loss (when a micro-batch holds at least two chunks) and, last, by activation
-  swap with full recompute: both are explored only where the cheaper settings do not fit;
+  chunked loss (when a micro-batch holds at least two chunks), for svpp by a smaller
+  memory cap (the midpoint to, and, the dependency floor ``v k`` below the builder's
+  default; ``cost.pipeline`` charges their bubble) with no or full recompute, and, last,
+  by activation swap with full recompute: all are explored only where the cheaper
+  settings do not fit;
 * precision is the user's (``dtype``): FP8 is never chosen silently.
 
 What is left is filtered by ``Strategy.check`` (the one list of constraints).
@@ -29,6 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from math import gcd
 
+from legato.schedule.builders import default_memory_cap, memory_floor
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy, StrategyError
@@ -67,6 +71,7 @@ class SearchSpace:
     moe_overlaps: tuple[tuple[str, int, int], ...] = MOE_OVERLAPS
     loss_chunk: int = 4096  # tokens per loss chunk tried when memory is tight; 0: never
     swap: bool = True  # try activation swap (with full recompute) when nothing else fits
+    svpp_caps: bool = True  # try smaller svpp memory caps when nothing cheaper fits
 
 
 @dataclass(frozen=True)
@@ -202,18 +207,34 @@ def overlap_variants(model: ModelSpec, strategy: Strategy, space: SearchSpace) -
     ]
 
 
+def smaller_caps(strategy: Strategy) -> list[int]:
+    """SVPP memory caps below the builder's default, largest first: the midpoint to the
+    dependency floor ``v k`` and the floor itself (none for other schedules)."""
+    if strategy.schedule != "svpp" or strategy.pp == 1:
+        return []
+    v, k = strategy.vpp, strategy.slices
+    floor, default = memory_floor(v, k), default_memory_cap(strategy.pp, v, k)
+    return sorted({c for c in ((floor + default) // 2, floor) if c < default}, reverse=True)
+
+
 def memory_settings(model: ModelSpec, strategy: Strategy, space: SearchSpace) -> list[dict]:
     """One row of the memory grid, in increasing memory saved and time spent: each
     recompute mode, followed by itself with chunked loss (same time, smaller logits) where
     a micro-batch holds at least two chunks, and last full recompute with chunked loss and
-    activation swap (host copies hidden behind compute, up to the excess)."""
+    activation swap (host copies hidden behind compute, up to the excess). No recompute
+    and full recompute are also followed by each smaller SVPP memory cap (less activation
+    memory, more bubble): a cap trades against recompute, so its cells are *extras* that
+    :func:`legato.plan.search.search` scores without ending the row."""
     tokens = strategy.mbs * model.seq_len // strategy.cp
     chunk = space.loss_chunk if 0 < 2 * space.loss_chunk <= tokens else 0
     row = []
+    caps = smaller_caps(strategy) if space.svpp_caps else []
     for recompute in RECOMPUTE_LADDER:
         row.append({"recompute": recompute})
         if chunk and recompute != "selective":
             row.append({"recompute": recompute, "loss_chunk": chunk})
+        if recompute != "selective":
+            row += [{"recompute": recompute, "loss_chunk": chunk, "memory_cap": c} for c in caps]
     if space.swap:
         row.append({"recompute": "full", "loss_chunk": chunk, "swap": True})
     return row

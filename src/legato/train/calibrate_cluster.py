@@ -3,7 +3,9 @@
 ``write_cluster_file`` writes what ``load_cluster`` reads: one node of ``nproc`` devices
 (one per training process) whose device table carries the measured GEMM peak and memory
 bandwidth and whose link is the fitted gloo link, with the measurements as comments; the
-raw measurements go beside it (``<stem>.calibration.json``), atomically both.
+raw measurements go beside it (``<stem>.calibration.json``), atomically both, with the
+``Calibration`` fields this machine changes (``"calibration"``), which
+``legato.cost.calibration.load_calibration`` and ``legato predict/plan`` read back.
 
 The file's figures are achieved rates, not datasheet peaks, so the cost model must not
 scale them down again by the efficiencies fitted on GPUs: ``measured_calibration`` is the
@@ -19,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.atomic import write_text_atomic
-from legato.cost.calibration import CALIBRATION, Calibration
+from legato.cost.calibration import CALIBRATION, Calibration, side_path
 from legato.errors import ConfigError, SpecError
 from legato.specs.registry import load_cluster
 from legato.specs.typed import from_dict, read_table_file
@@ -28,7 +30,6 @@ from legato.train.config import toml_literal
 
 DEVICE_NAME = "cpu-measured"
 NOMINAL_CLUSTER = "local-cpu"  # its link stands in when one process has no peer to measure
-SIDE_SUFFIX = ".calibration.json"
 
 
 def _link(m: Measurement) -> dict[str, Any]:
@@ -83,7 +84,9 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
     GEMMs reach all of the measured peak (fraction 1) with the measured half-efficiency
     size; fused attention and elementwise kernels run at their measured share of the GEMM
     and copy rates; collectives cost exactly the fitted link (no extra base latency, all
-    of the fitted bandwidth)."""
+    of the fitted bandwidth). ``kernel_overhead_s`` stays ``base``'s: the fork/join probe
+    (``parallel_overhead_s``) is ~0 on idle cores and under load 2-15x what a training
+    kernel pays (BENCHMARKS.md, Local truth), so it is recorded, not charged."""
     return dataclasses.replace(
         base,
         peak_fraction_by_device=((DEVICE_NAME, 1.0), *base.peak_fraction_by_device),
@@ -94,12 +97,6 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
         latency_scale=1.0,
         bandwidth_fraction=1.0,
     )
-
-
-def side_path(cluster_file: str | Path) -> Path:
-    """Where the raw measurements of ``cluster_file`` live."""
-    path = Path(cluster_file)
-    return path.with_name(path.stem + SIDE_SUFFIX)
 
 
 def _comments(m: Measurement, side: str) -> list[str]:
@@ -115,7 +112,7 @@ def _comments(m: Measurement, side: str) -> list[str]:
         f"{m.elementwise_bandwidth / 1e9:.2f} GB/s, fused attention "
         f"{m.attention_rate / 1e9:.1f} GFLOP/s",
         f"a multi-threaded kernel pays {m.parallel_overhead_s * 1e6:.0f} us for its threads "
-        "(not in the cost model)",
+        "(recorded; not the cost model's kernel_overhead_s, see measured_calibration)",
     ]
     if m.link is not None:
         lines.append(
