@@ -95,6 +95,7 @@ def _worker(rank: int, store: str, runs: dict[str, list[str]], out: str) -> None
         }
         results["gradient_sum"] = _gradient_sum_case(rank)
         Path(out, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

@@ -62,6 +62,7 @@ def _worker(rank: int, store: str, out: str) -> None:
         result = _train(dp, max_tokens=48)  # batches split over fused steps
         result["reduces"] = len(calls)
         torch.save(result, f"{out}/rank{rank}.pt")
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

@@ -104,6 +104,7 @@ def _schedules_worker(rank: int, store: str) -> None:
                 torch.testing.assert_close(x.grad, xs[rank].grad * 2, msg=where)
                 for (name, p), q in zip(layer.named_parameters(), ref.parameters(), strict=True):
                     torch.testing.assert_close(_full(p.grad), q.grad, msg=f"{where} {name}")
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 
@@ -157,6 +158,7 @@ def _fsdp_worker(rank: int, store: str) -> None:
         params = dict(eager.named_parameters())
         for name, param in model.named_parameters():
             torch.testing.assert_close(param.full_tensor(), params[name], msg=name)
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

@@ -109,6 +109,7 @@ def _worker(rank: int, store: str, out_dir: str) -> None:
             for i, (name, spec, options) in enumerate(CASES)
         ]
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

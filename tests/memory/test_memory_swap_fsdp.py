@@ -53,6 +53,7 @@ def _worker(rank: int, port: int, out: str) -> None:
                 "params_bytes": params,
             }
             Path(out).write_text(json.dumps(result))
+        dist.barrier()  # no rank tears gloo down while a peer still uses it
     finally:
         dist.destroy_process_group()
 

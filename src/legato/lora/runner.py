@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
+import torch.distributed as dist
 
 from legato.data.tokenizer import load_tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
@@ -105,7 +106,10 @@ def finetune(config: FinetuneConfig, stream: TextIO | None = None) -> dict[str, 
     """Train every task of ``config``; returns each task's adapter folder."""
     dp, device = join_torchrun(resolve_device(config.run.device))
     try:
-        return _finetune(config, device, dp, stream)
+        adapters = _finetune(config, device, dp, stream)
+        if dp is not None and dp.world > 1:
+            dist.barrier()  # no rank tears the group down while a peer still uses it
+        return adapters
     finally:
         if dp is not None:
             dp.close()

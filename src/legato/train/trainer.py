@@ -90,7 +90,9 @@ class Trainer:
     def fit(self) -> TrainResult:
         ctx = init_distributed(self.config.parallel.backend, self.config.train.device)
         try:
-            return self._fit(ctx)
+            result = self._fit(ctx)
+            ctx.barrier()  # no rank tears the process group down while a peer still uses it
+            return result
         finally:
             shutdown(ctx)
 
