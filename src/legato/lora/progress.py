@@ -6,11 +6,11 @@ pace and join or leave mid-run, so each gets its own bar (or its own log lines).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import TextIO
 
 from legato.lora.trainer import TaskStepRecord
+from legato.train.progress import LiveLines
 
 
 def describe(r: TaskStepRecord) -> str:
@@ -21,26 +21,22 @@ def describe(r: TaskStepRecord) -> str:
     )
 
 
-class TaskProgress:
+class TaskProgress(LiveLines):
     """Shows task steps; ``log_every`` thins plain lines (first and last always shown)."""
 
     def __init__(self, log_every: int = 10, stream: TextIO | None = None) -> None:
+        super().__init__(stream)
         self.log_every = log_every
-        self.stream = stream or sys.stdout
-        self._bar = None
         self._ids: dict[str, int] = {}
-        if self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn
 
-            self._bar = Progress(
+            self._start_bar(
                 TextColumn("{task.fields[name]:<16}"),
                 BarColumn(),
                 MofNCompleteColumn(),
                 TextColumn("{task.description}"),
-                console=Console(file=self.stream),
             )
-            self._bar.start()
 
     def add(self, name: str, total_steps: int) -> None:
         if self._bar is not None:
@@ -55,13 +51,3 @@ class TaskProgress:
 
     def finish(self, name: str, path: Path | None) -> None:
         self.message(f"[{name}] done" + (f": adapter saved to {path}" if path else ""))
-
-    def message(self, text: str) -> None:
-        if self._bar is not None:
-            self._bar.console.print(text)
-        else:
-            print(text, file=self.stream, flush=True)
-
-    def close(self) -> None:
-        if self._bar is not None:
-            self._bar.stop()

@@ -27,48 +27,29 @@ def describe(m: StepMetrics, total: int) -> str:
     return "  ".join(parts)
 
 
-class Progress:
-    """Shows step metrics; silent when not ``enabled`` (every rank but 0)."""
+class LiveLines:
+    """Output that is a rich live bar on a terminal and plain lines otherwise.
 
-    def __init__(
-        self,
-        total_steps: int,
-        start_step: int,
-        log_every: int,
-        enabled: bool = True,
-        stream: TextIO | None = None,
-    ) -> None:
-        self.total = total_steps
-        self.log_every = log_every
-        self.enabled = enabled
+    Shared by the trainer's progress and the fine-tuning runner's per-task progress:
+    subclasses call ``_start_bar`` with their columns when ``live`` and print through
+    ``message`` so a line never breaks the bar. Silent when not ``enabled``.
+    """
+
+    def __init__(self, stream: TextIO | None = None, enabled: bool = True) -> None:
         self.stream = stream or sys.stdout
+        self.enabled = enabled
         self._bar = None
-        if enabled and self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
-            from rich.progress import Progress as RichProgress
 
-            self._bar = RichProgress(
-                TextColumn("train"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeRemainingColumn(),
-                TextColumn("{task.description}"),
-                console=Console(file=self.stream),
-            )
-            self._task = self._bar.add_task("", total=total_steps, completed=start_step)
-            self._bar.start()
+    @property
+    def live(self) -> bool:
+        return self.enabled and self.stream.isatty()
 
-    def update(self, m: StepMetrics) -> None:
-        if not self.enabled:
-            return
-        if self._bar is not None:
-            text = f"loss {m.loss:.4f}  {m.tokens_per_s:,.0f} tok/s"
-            self._bar.update(self._task, completed=m.step, description=text)
-            if m.step % self.log_every == 0 or m.step == self.total:
-                self._bar.console.print(describe(m, self.total))
-        elif m.step % self.log_every == 0 or m.step == self.total or m.step == 1:
-            print(describe(m, self.total), file=self.stream, flush=True)
+    def _start_bar(self, *columns) -> None:
+        from rich.console import Console
+        from rich.progress import Progress as RichProgress
+
+        self._bar = RichProgress(*columns, console=Console(file=self.stream))
+        self._bar.start()
 
     def message(self, text: str) -> None:
         """A line that does not break the bar."""
@@ -83,3 +64,41 @@ class Progress:
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
+
+
+class Progress(LiveLines):
+    """Shows step metrics; silent when not ``enabled`` (every rank but 0)."""
+
+    def __init__(
+        self,
+        total_steps: int,
+        start_step: int,
+        log_every: int,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+    ) -> None:
+        super().__init__(stream, enabled)
+        self.total = total_steps
+        self.log_every = log_every
+        if self.live:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeRemainingColumn
+
+            self._start_bar(
+                TextColumn("train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeRemainingColumn(),
+                TextColumn("{task.description}"),
+            )
+            self._task = self._bar.add_task("", total=total_steps, completed=start_step)
+
+    def update(self, m: StepMetrics) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            text = f"loss {m.loss:.4f}  {m.tokens_per_s:,.0f} tok/s"
+            self._bar.update(self._task, completed=m.step, description=text)
+            if m.step % self.log_every == 0 or m.step == self.total:
+                self._bar.console.print(describe(m, self.total))
+        elif m.step % self.log_every == 0 or m.step == self.total or m.step == 1:
+            print(describe(m, self.total), file=self.stream, flush=True)
