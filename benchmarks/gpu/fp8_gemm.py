@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
+from cuda_timing import cuda_median_seconds
 
 import legato.precision.linear as fp8_linear_module
 from legato.models import build_model
@@ -49,21 +49,6 @@ MODEL_1B = ModelSpec(
 
 def _emit(**row) -> None:
     print(json.dumps({"benchmark": "fp8_gemm", **row}), flush=True)
-
-
-def _time(fn, repeats: int = 20, warmup: int = 3) -> float:
-    """Median seconds of ``fn`` measured with CUDA events."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return statistics.median(times)
 
 
 def _torchao_rowwise(module: torch.nn.Module) -> torch.nn.Module | None:
@@ -94,15 +79,19 @@ def gemm_rows(device: torch.device, shapes) -> None:
         w = torch.randn(n, k, device=device, dtype=torch.bfloat16)
         flops = 2 * m * n * k
         xq, wq = quantize_tiles(x, (1, 128)), quantize_tiles(w, (128, 128))
-        t_bf16 = _time(lambda x=x, w=w: torch.mm(x, w.T))
-        t_tile = _time(lambda xq=xq, wq=wq: _scaled_mm(xq, wq, torch.bfloat16))
-        t_linear = _time(lambda x=x, w=w: fp8_linear(x, w, backend="scaled_mm"))
+        t_bf16 = cuda_median_seconds(lambda x=x, w=w: torch.mm(x, w.T), repeats=20, warmup=3)
+        t_tile = cuda_median_seconds(
+            lambda xq=xq, wq=wq: _scaled_mm(xq, wq, torch.bfloat16), repeats=20, warmup=3
+        )
+        t_linear = cuda_median_seconds(
+            lambda x=x, w=w: fp8_linear(x, w, backend="scaled_mm"), repeats=20, warmup=3
+        )
         extra = {"tilewise_linear_with_quant_tflops": flops / t_linear / 1e12}
         layer = torch.nn.Sequential(torch.nn.Linear(k, n, bias=False, device=device))
         layer = layer.to(torch.bfloat16)
         ao = _torchao_rowwise(layer)
         if ao is not None:
-            t_ao = _time(lambda x=x, ao=ao: ao(x))
+            t_ao = cuda_median_seconds(lambda x=x, ao=ao: ao(x), repeats=20, warmup=3)
             extra["torchao_rowwise_linear_with_quant_tflops"] = flops / t_ao / 1e12
         _emit(
             case={"m": m, "k": k, "n": n},
@@ -126,7 +115,7 @@ def step_rows(device: torch.device, batch: int, seq: int) -> None:
             logits = model(ids)
             F.cross_entropy(logits.flatten(0, 1).float(), ids.flatten()).backward()
 
-        return _time(run, repeats=10, warmup=3)
+        return cuda_median_seconds(run, repeats=10, warmup=3)
 
     t_bf16 = step_time(base)
     fp8 = copy.deepcopy(base)

@@ -26,6 +26,7 @@ import tempfile
 from functools import partial
 
 import torch
+from cuda_timing import cuda_median_seconds
 
 SHAPES = {  # name -> (local experts, hidden, ffn, rows per expert)
     "mixtral-8x7b-ep8": (1, 4096, 14336, 4096),
@@ -36,21 +37,6 @@ SHAPES = {  # name -> (local experts, hidden, ffn, rows per expert)
 
 def _emit(**row) -> None:
     print(json.dumps({"benchmark": "moe_grouped_gemm", **row}), flush=True)
-
-
-def _time(fn, repeats: int) -> float:
-    """Median seconds of ``fn`` measured with CUDA events, after two warm-up calls."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end) / 1e3)
-    return sorted(times)[len(times) // 2]
 
 
 def _gemm_step(x, w, sizes, impl, grad) -> None:
@@ -77,7 +63,9 @@ def grouped_vs_loop(repeats: int, shapes: dict) -> None:
         sizes = [rows] * experts
         grad = torch.randn(experts * rows, ffn, device="cuda", dtype=torch.bfloat16)
         times = {
-            impl: _time(partial(_gemm_step, x, w, sizes, impl, grad), repeats)
+            impl: cuda_median_seconds(
+                partial(_gemm_step, x, w, sizes, impl, grad), repeats, warmup=2
+            )
             for impl in ("loop", "grouped_mm")
         }
         flops = 3 * 2 * experts * rows * hidden * ffn
@@ -102,7 +90,9 @@ def chunk_efficiency(repeats: int, shapes: dict) -> None:
         for chunks in (1, 2, 4, 8, 16):
             per = rows // chunks
             parts = [x[c * per * experts : (c + 1) * per * experts] for c in range(chunks)]
-            seconds = _time(partial(_chunked, parts, w, [per] * experts), repeats)
+            seconds = cuda_median_seconds(
+                partial(_chunked, parts, w, [per] * experts), repeats, warmup=2
+            )
             tflops = flops / seconds / 1e12
             base = base or tflops
             _emit(
