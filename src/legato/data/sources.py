@@ -21,6 +21,7 @@ import glob
 import json
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 from legato.errors import DataError
 
@@ -98,14 +99,20 @@ def _read_txt(path: Path, _field: str) -> Iterator[str]:
         yield "\n".join(block)
 
 
-def _read_jsonl(path: Path, field: str) -> Iterator[str]:
+def iter_jsonl(path: Path) -> Iterator[tuple[int, Any]]:
+    """``(line number, parsed record)`` of each non-blank line; bad JSON or bad UTF-8 is a
+    DataError naming ``file:line``."""
     for lineno, line in _lines(path):
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            yield lineno, json.loads(line)
         except json.JSONDecodeError as exc:
             raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+
+
+def _read_jsonl(path: Path, field: str) -> Iterator[str]:
+    for lineno, record in iter_jsonl(path):
         if not isinstance(record, dict) or field not in record:
             raise DataError(f"{path}:{lineno}: no field {field!r} (set data.text_field)")
         value = record[field]

@@ -12,7 +12,6 @@ than a window is chunked: its continuation starts the next window at position 0.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +20,7 @@ import torch
 from torch import Tensor
 
 from legato.data.dataset import PackedDataset
+from legato.data.sources import iter_jsonl
 from legato.data.tokenizer import Tokenizer
 from legato.errors import DataError
 
@@ -89,18 +89,7 @@ def read_task_stream(path: str | Path, tokenizer: Tokenizer) -> TaskStream:
     tokens: list[int] = []
     targets: list[bool] = []
     docs: list[int] = []
-    with path.open(encoding="utf-8") as handle:
-        try:
-            lines = list(handle)
-        except UnicodeDecodeError:
-            raise DataError(f"{path}: not valid UTF-8 text") from None
-    for lineno, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise DataError(f"{path}:{lineno}: not valid JSON ({exc.msg})") from None
+    for lineno, record in iter_jsonl(path):
         prompt, completion = _example(record, f"{path}:{lineno}")
         head = tokenizer.encode(prompt) if prompt else []
         tail = [*tokenizer.encode(completion), tokenizer.eos_id]
