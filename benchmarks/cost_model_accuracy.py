@@ -2,7 +2,7 @@
 
 Each row of ``legato/cost/data/published_runs.csv`` (Megatron-LM SC'21 Table 1,
 Korthikanti et al. Tables 3/5 and text, MT-NLG, Llama 3 Table 4, torchtitan) becomes a
-(model, cluster, strategy) triple; ``legato.cost.predict`` predicts its step and the
+(model, cluster, strategy) triple; ``legato.cost.training_step`` predicts its step and the
 prediction is converted into the row's own metric with the source's own FLOP formula
 (``legato.cost.published``, whose ``ASSUMPTIONS`` list how each source's gaps are
 filled). One global set of constants (``legato.cost.calibration``) serves every row.

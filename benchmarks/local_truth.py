@@ -4,7 +4,7 @@ For each process count N (1 and 2): measure the host as N training processes see
 (``legato calibrate``'s measurement, or cluster files it wrote, ``--cluster``), then run
 ``legato train`` on the ``tiny`` model with N processes (FSDP2 over gloo when N > 1) in a
 subprocess, and take the median ``step_time_s`` of ``metrics.jsonl`` after the warm-up
-steps. The prediction is ``legato.cost.predict`` for the same job:
+steps. The prediction is ``legato.cost.training_step`` for the same job:
 ``Strategy(dp=N, zero=3, mbs, gbs, dtype="fp32")`` (the trainer's default batch) on the
 calibrated cluster, eager kernels (``Runtime(fused_elementwise=False)``), and
 
@@ -45,9 +45,9 @@ import tempfile
 from pathlib import Path
 
 from legato.cost.calibration import calibration_beside
-from legato.cost.predict import predict
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime, kernels_per_pass
+from legato.cost.training_step import predict
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
 from legato.train.calibrate import Measurement, calibrate

@@ -19,7 +19,7 @@ compute that leaves the host cores free, as a GPU kernel does). Then the grouped
 (``torch._grouped_mm``) against a loop over experts, one process. Median over repeats of
 the slower rank, variants interleaved within each repeat.
 
-Predicted (``--predict``): ``cost.moe_overlap`` for Mixtral 8x7B (EP 8 on one H800 node)
+Predicted (``--predict``): ``cost.moe_layer_time`` for Mixtral 8x7B (EP 8 on one H800 node)
 and DeepSeek-V3 (EP 64 over 8 H800 nodes), per-layer and end-to-end, beside Comet's
 published averages (1.96x per layer, 1.71x end to end).
 
@@ -311,7 +311,7 @@ def predict() -> None:
     from legato.cost.calibration import CALIBRATION
     from legato.cost.compute import DeviceModel
     from legato.cost.flops import forward_flops
-    from legato.cost.moe_overlap import MoEWork, best_schedule, moe_layer_time, overlap_gain
+    from legato.cost.moe_layer_time import MoEWork, best_schedule, moe_layer_time, overlap_gain
     from legato.specs.params import mlp_params
     from legato.specs.registry import load_cluster, load_model
 

@@ -3,7 +3,7 @@
 For Mixtral 8x7B and DeepSeek-V3 (4,096-token sequences) on H800 clusters of a few sizes,
 ``legato.plan.search`` chooses the parallel degrees, expert parallelism and the MoE
 overlap schedule (plain, Domino-EP, Comet with 2-4 chunks and 1-2 column groups); the
-cost model (``legato.cost.predict``) then scores the same plan with ``moe_overlap=none``.
+cost model (``legato.cost.training_step``) then scores the same plan with ``moe_overlap=none``.
 Comet (MLSys'25) published 1.71x end to end and 1.96x per MoE layer on H800s.
 
 One JSON line per case and plan (ratio = value / baseline_value, higher is better):
@@ -12,7 +12,7 @@ One JSON line per case and plan (ratio = value / baseline_value, higher is bette
   without overlap (1.0 when the best plan has no expert parallelism or plain wins);
   ``plan: best_with_ep`` (only when the best plan has ``ep = 1``): the same for the best
   plan with ``ep >= 2``, where overlap can act at all. ``extra`` has the per-layer gain
-  (routed experts and their all-to-alls, ``cost.moe_overlap``), the all-to-all share of
+  (routed experts and their all-to-alls, ``cost.moe_layer_time``), the all-to-all share of
   the plain layer, the share hidden, the exposed EP seconds per step of both, and the
   published anchors.
 * ``metric: planner_tokens_per_s`` (not with ``--quick``): the best plan of a search with
@@ -30,7 +30,7 @@ import json
 import time
 from dataclasses import replace
 
-from legato.cost.predict import predict
+from legato.cost.training_step import predict
 from legato.plan import SearchSpace, search
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy

@@ -46,7 +46,7 @@ from legato.parallel.pipeline import (
     build_stages,
     token_cross_entropy,
 )
-from legato.schedule import CostModel, MeasuredCosts, Placement, build_schedule, simulate
+from legato.schedule import CostModel, MeasuredCosts, StagePlacement, build_schedule, simulate
 from legato.specs.model import ModelSpec
 
 BASELINE = "torch_Schedule1F1B"
@@ -100,7 +100,7 @@ class _TorchCase:
     def __init__(self, spec, cls_name, chunks, shape, rank, p, m) -> None:
         from torch.distributed import pipelining
 
-        placement = Placement(p, chunks, shape)
+        placement = StagePlacement(p, chunks, shape)
         self.model = build_model(spec, seed=0)
         modules = build_stages(self.model, placement, rank)
         stages = [

@@ -1,7 +1,7 @@
 """Predicted memory per device of XTuner's 200B-class case with and without its techniques.
 
 Qwen3-235B-A22B at 64K tokens per sequence, FSDP only (ZeRO-3 over 256 H800 80 GB, one
-sequence per device, no TP/PP/CP/EP), predicted by ``legato.cost.predict`` with the
+sequence per device, no TP/PP/CP/EP), predicted by ``legato.cost.training_step`` with the
 strategy's ``swap``, ``loss_chunk`` and ``dtype="fp8"``, and checked against the
 standalone ``legato.cost.xtuner_terms.xtuner_memory``. Pure Python, about a second.
 
@@ -27,7 +27,7 @@ import json
 from dataclasses import replace
 
 from legato.cost.memory import GIB
-from legato.cost.predict import predict
+from legato.cost.training_step import predict
 from legato.cost.xtuner_terms import XTunerOptions, fp8_linear_speedup, xtuner_memory
 from legato.plan import SearchSpace, search
 from legato.specs import load_cluster, load_model

@@ -16,8 +16,8 @@ from legato.cost.calibration import (
     load_calibration,
     side_path,
 )
-from legato.cost.predict import predict
 from legato.cost.runtime import Runtime, kernels_per_pass
+from legato.cost.training_step import predict
 from legato.errors import ConfigError
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy

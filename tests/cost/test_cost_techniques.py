@@ -10,7 +10,7 @@ from legato.cost.calibration import CALIBRATION
 from legato.cost.compute import DeviceModel
 from legato.cost.memory import GIB, logits_bytes
 from legato.cost.mesh import mesh_axes
-from legato.cost.moe_overlap import MoEWork, moe_layer_time
+from legato.cost.moe_layer_time import MoEWork, moe_layer_time
 from legato.cost.xtuner_terms import (
     XTunerOptions,
     chunked_logits_bytes,

@@ -14,7 +14,7 @@ from legato.lora.profile import (
     profile_cost,
     saved_tensor_bytes,
 )
-from legato.lora.runner import build_scheduler
+from legato.lora.runner import build_packing_scheduler
 from legato.models import build_model
 
 
@@ -46,7 +46,7 @@ def test_profile_and_memory_budget_shape_the_scheduler():
     tasks = [task("a", seq_len=16, batch_size=8), task("b", seq_len=32, batch_size=8)]
     per_token = activation_bytes_per_token(model, adapter, 32)
     budget = ScheduleSection(memory_budget_gb=100 * per_token / 2**30, profile=False)
-    assert build_scheduler(budget, model, tasks).max_tokens in range(80, 121)
-    whole = build_scheduler(ScheduleSection(max_tokens_per_step=10**6), model, tasks)
+    assert build_packing_scheduler(budget, model, tasks).max_tokens in range(80, 121)
+    whole = build_packing_scheduler(ScheduleSection(max_tokens_per_step=10**6), model, tasks)
     assert isinstance(whole, PackingScheduler) and whole.max_tokens == 8 * 16 + 8 * 32
     assert whole.profile is not None and whole.target_tokens <= whole.max_tokens

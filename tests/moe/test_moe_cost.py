@@ -1,4 +1,4 @@
-"""cost.moe_overlap: the schedules' predicted time obeys the resource bounds, and the
+"""cost.moe_layer_time: the schedules' predicted time obeys the resource bounds, and the
 published-model predictions come out in a sensible range."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from legato.cost.calibration import CALIBRATION
 from legato.cost.compute import DeviceModel
-from legato.cost.moe_overlap import MoEWork, best_schedule, moe_layer_time, overlap_gain
+from legato.cost.moe_layer_time import MoEWork, best_schedule, moe_layer_time, overlap_gain
 from legato.specs.device import Link
 from legato.specs.registry import load_cluster, load_model
 

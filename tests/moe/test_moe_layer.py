@@ -9,7 +9,7 @@ from moe_testlib import CONFIGS, grads, make_layer, per_token_reference, tokens
 
 from legato.errors import ConfigError, SpecError
 from legato.moe import Overlap
-from legato.moe.overlap import column_slices
+from legato.moe.chunked_overlap import column_slices
 from legato.specs.model import MoESpec
 
 

@@ -1,6 +1,6 @@
 """The cost model's tensor-parallel traffic equals the planner's layouts.
 
-``plan.layout`` lists the collectives of each part's SBP layout (checked against DTensor
+``plan.sbp_layout`` lists the collectives of each part's SBP layout (checked against DTensor
 in tests/parallel); ``cost.layer.tp_collectives`` is what ``predict`` times. For every
 model x strategy x part below, both give the same collectives, kind, axis and bytes per
 device, pass by pass, on the tensor-parallel axes (tp, or tp_x and tp_y). Context

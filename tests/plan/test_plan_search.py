@@ -21,7 +21,7 @@ GIB = 2**30
 def scorer(request, fake_scorer):
     if request.param == "fake":
         return fake_scorer
-    from legato.cost.predict import predict
+    from legato.cost.training_step import predict
 
     return predict
 

@@ -118,7 +118,7 @@ def test_svpp_memory_caps_follow_no_and_full_recompute():
     """Smaller caps (midpoint, floor v*k) are tried only for svpp, after no recompute and
     after full recompute (with chunked loss where it applies), before swap; they save
     memory and the cost model charges them bubble once below the round trip D."""
-    from legato.cost.predict import predict
+    from legato.cost.training_step import predict
     from legato.plan.space import SearchSpace, memory_settings, smaller_caps
     from legato.specs import load_cluster, load_model
     from legato.specs.strategy import Strategy

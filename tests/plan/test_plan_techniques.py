@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from legato.cost.predict import predict
+from legato.cost.training_step import predict
 from legato.plan import PlanError, SearchSpace, make_plan, search
 from legato.plan.explain import techniques
 from legato.specs import load_cluster, load_model

@@ -10,9 +10,9 @@ import pytest
 from legato.schedule import (
     Action,
     CostModel,
-    Placement,
     Schedule,
     ScheduleError,
+    StagePlacement,
     slice_bounds,
     svpp,
     token_bounds,
@@ -50,12 +50,12 @@ def test_action_rejects_subtask_outside_w_and_unknown_kinds() -> None:
 
 
 def test_interleaved_and_v_placements() -> None:
-    inter = Placement(4, 2)
+    inter = StagePlacement(4, 2)
     assert [inter.stage(d, 1) for d in range(4)] == [4, 5, 6, 7]  # vs = c p + d
-    v = Placement(4, 2, "v")
+    v = StagePlacement(4, 2, "v")
     assert [v.stage(d, 0) for d in range(4)] == [0, 1, 2, 3]
     assert [v.stage(d, 1) for d in range(4)] == [7, 6, 5, 4]  # chunk 1 on p-1..0
-    for place in (inter, v, Placement(3, 3, "v")):
+    for place in (inter, v, StagePlacement(3, 3, "v")):
         for vs in range(place.num_stages):
             assert place.stage(place.rank(vs), place.chunk(vs)) == vs
 

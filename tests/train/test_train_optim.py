@@ -10,14 +10,14 @@ import torch
 
 from legato.models import build_model
 from legato.train.config import OptimSection, load_config, resolve_model
-from legato.train.optim import build_optimizer, build_scheduler, lr_factor, param_groups
+from legato.train.optim import build_lr_schedule, build_optimizer, lr_factor, param_groups
 
 
 def test_schedule_warms_up_then_anneals_to_the_minimum() -> None:
     cfg = OptimSection(lr=1.0, min_lr_ratio=0.1, warmup_steps=10)
     model = torch.nn.Linear(2, 2)
     optimizer = build_optimizer(model, cfg)
-    scheduler = build_scheduler(optimizer, cfg, total_steps=100)
+    scheduler = build_lr_schedule(optimizer, cfg, total_steps=100)
     lrs = []
     for _ in range(100):  # the lr each of the 100 updates uses
         lrs.append(scheduler.get_last_lr()[0])

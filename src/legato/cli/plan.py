@@ -141,7 +141,7 @@ def predict_one(
     calibration: Calibration = CALIBRATION,
 ) -> dict[str, Any]:
     """The JSON object ``legato predict`` prints for one triple."""
-    from legato.cost.predict import predict
+    from legato.cost.training_step import predict
 
     strategy.check(model, cluster.world_size)
     prediction = predict(model, cluster, strategy, overlap=overlap, calibration=calibration)
@@ -224,7 +224,7 @@ def _scorer(calibration: Calibration) -> Scorer | None:
     """The cost model under ``calibration`` (None: the planner's default scorer)."""
     if calibration == CALIBRATION:
         return None
-    from legato.cost.predict import predict
+    from legato.cost.training_step import predict
 
     return functools.partial(predict, calibration=calibration)
 

@@ -13,9 +13,9 @@ from legato.cost.flops import (
     training_flops_per_token,
     training_step_flops,
 )
-from legato.cost.predict import predict
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime
+from legato.cost.training_step import predict
 
 __all__ = [
     "CALIBRATION",

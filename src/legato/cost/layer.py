@@ -9,7 +9,7 @@ sequence parallelism splits the norm/residual tokens; context parallelism splits
 sequence with load-balanced causal chunks; routed experts are balanced over all devices of
 a stage (tokens spread evenly over experts) and MoE blocks assume sequence parallelism
 when ``tp > 1`` (tokens are dispatched from their TP shard); their expert-parallel
-all-to-alls are timed by ``cost.moe_overlap.ep_exposure`` under the strategy's overlap
+all-to-alls are timed by ``cost.moe_layer_time.ep_exposure`` under the strategy's overlap
 schedule, not here. MLA's low-rank projections are treated as one projection of the same
 total weight, split by ``tp``. 2-D tensor parallelism splits the same FLOPs over ``tp``
 devices (GEMM shapes as in 1-D); only its communication differs. Tensor-parallel
@@ -244,7 +244,7 @@ def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms
     one device for one micro-batch, one forward and one backward pass; ``count`` merges
     equal ones.
 
-    These are the collectives of the planner's SBP layout of the part (``plan.layout``,
+    These are the collectives of the planner's SBP layout of the part (``plan.sbp_layout``,
     checked against DTensor), tensor by tensor; ``tests/plan/test_plan_cost_consistency``
     holds the two together. 1-D TP: each sub-block's input is replicated (gradient
     all-reduced) and its output all-reduced, or with sequence parallelism gathered and

@@ -18,9 +18,9 @@ from typing import Any
 
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.flops import forward_flops, training_step_flops
-from legato.cost.predict import predict
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime
+from legato.cost.training_step import predict
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.registry import load_cluster, load_model

@@ -5,10 +5,10 @@ head on the last). Per micro-batch it computes its blocks' forward and backward 
 recompute), sends its tensor-parallel collectives and pipeline activations on the critical
 path, hides context-parallel traffic behind attention, and leaves exposed the part of its
 expert-parallel all-to-alls that the strategy's MoE overlap schedule does not hide behind
-the expert GEMMs (``cost.moe_overlap``). With activation swap each block's saved
+the expert GEMMs (``cost.moe_layer_time``). With activation swap each block's saved
 activations cross the host link, hidden behind that block's compute up to the excess
 (``cost.xtuner_terms``), and the device keeps only the blocks in flight. Once per step it
-reduces gradients over the data-parallel ranks and runs the optimizer. ``cost.overlap``
+reduces gradients over the data-parallel ranks and runs the optimizer. ``cost.exposed_comm``
 decides what stays exposed.
 """
 
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from legato.cost.calibration import Calibration
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel
+from legato.cost.exposed_comm import Traffic, exposed_seconds
 from legato.cost.layer import Comm, LayerWork, edge_work, layer_work
 from legato.cost.memory import (
     GIB,
@@ -32,8 +33,7 @@ from legato.cost.memory import (
     state_bytes,
 )
 from legato.cost.mesh import Axis, mesh_axes
-from legato.cost.moe_overlap import EPExposure, ep_exposure
-from legato.cost.overlap import Traffic, exposed_seconds
+from legato.cost.moe_layer_time import EPExposure, ep_exposure
 from legato.cost.pipeline import in_flight_microbatches, p2p_messages
 from legato.cost.runtime import Runtime, activation_bytes
 from legato.cost.xtuner_terms import block_stored, chunked_logits_bytes, swap_resident, swap_traffic

@@ -11,11 +11,11 @@ PEFT's format; ``runner`` is ``legato finetune``. See docs/lora.md.
 from legato.lora.adapter import AdapterShape, LoraAdapter, resolve_targets
 from legato.lora.config import FinetuneConfig, TaskSection, load_finetune_config
 from legato.lora.fused_linear import FusedLoraLinearFunction, Segment, fused_lora_linear
-from legato.lora.overlap import SubGraph, Timeline, group_subgraphs, order_subgraphs
 from legato.lora.packed_model import MultiLoraModel, TaskRows
 from legato.lora.peft_io import load_adapter, save_adapter
 from legato.lora.runner import finetune
 from legato.lora.scheduler import CostProfile, PackingScheduler, StepPlan, TaskDemand
+from legato.lora.subgraph_order import SubGraph, Timeline, group_subgraphs, order_subgraphs
 from legato.lora.task_data import Sequences, TaskSampler, TaskStream, read_task_stream
 from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
 

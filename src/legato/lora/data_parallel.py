@@ -28,7 +28,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from legato.errors import ConfigError
-from legato.lora.overlap import SubGraph, group_subgraphs, order_subgraphs
+from legato.lora.subgraph_order import SubGraph, group_subgraphs, order_subgraphs
 
 T = TypeVar("T")
 

@@ -80,7 +80,7 @@ def read_tasks(config: FinetuneConfig, model: MultiLoraModel) -> dict[str, TaskS
     return streams
 
 
-def build_scheduler(
+def build_packing_scheduler(
     section: ScheduleSection, model: MultiLoraModel, tasks: list[TaskSection]
 ) -> PackingScheduler:
     """Token budget from memory (or the config), speed profile from timing the fused step."""
@@ -121,7 +121,7 @@ def _finetune(
     torch.manual_seed(config.run.seed)
     model = build_backbone(config, device)
     streams = read_tasks(config, model)
-    scheduler = build_scheduler(config.schedule, model, config.tasks)
+    scheduler = build_packing_scheduler(config.schedule, model, config.tasks)
     main = dp is None or dp.rank == 0
     if dp is not None:
         scheduler = dp.same_on_all(scheduler)

@@ -1,12 +1,12 @@
 """Dropless mixture-of-experts: router, grouped expert GEMMs, expert parallelism and
 Comet-style chunked communication/computation overlap (see ``docs/moe.md``)."""
 
+from legato.moe.chunked_overlap import Overlap, routed_experts
 from legato.moe.comm import EPGroup
 from legato.moe.experts import GroupedExperts
 from legato.moe.grouped_gemm import grouped_mm, grouped_mm_supported
 from legato.moe.layer import MoELayer
 from legato.moe.load import LoadStats, end_step
-from legato.moe.overlap import Overlap, routed_experts
 from legato.moe.parallel import apply_expert_parallel, expert_parameters, moe_layers
 from legato.moe.router import Router, Routing, load_balance_loss, router_z_loss
 

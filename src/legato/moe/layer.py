@@ -11,9 +11,9 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
+from legato.moe.chunked_overlap import Overlap, routed_experts
 from legato.moe.comm import EPGroup
 from legato.moe.experts import Activation, GroupedExperts
-from legato.moe.overlap import Overlap, routed_experts
 from legato.moe.router import Router, load_balance_loss, router_z_loss
 from legato.specs.model import MoESpec
 

@@ -22,10 +22,10 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
 
 from legato.errors import ConfigError
+from legato.moe.chunked_overlap import Overlap
 from legato.moe.comm import EPGroup
 from legato.moe.experts import GroupedExperts
 from legato.moe.layer import MoELayer
-from legato.moe.overlap import Overlap
 from legato.specs.strategy import StrategyError
 
 

@@ -44,8 +44,8 @@ from torch.distributed.tensor.parallel import (
 )
 
 from legato.models.rope import apply_rope
-from legato.plan.layout import PartLayout, PlacedOp, read_gradients
 from legato.plan.placements import Collective, Partial, Placement, Shard, collective_bytes
+from legato.plan.sbp_layout import PartLayout, PlacedOp, read_gradients
 from legato.specs.model import ModelSpec
 
 

@@ -4,13 +4,6 @@ cost model, the hand heuristic it is compared with, and explanations. Pure Pytho
 from legato.plan.baseline import Baseline, baseline
 from legato.plan.errors import PlanError
 from legato.plan.grad_sync import WeightCollectives, weight_collectives
-from legato.plan.layout import (
-    PARTS,
-    PartLayout,
-    backward_collectives,
-    forward_collectives,
-    part_layout,
-)
 from legato.plan.placements import (
     PARTIAL,
     REPLICATE,
@@ -22,6 +15,13 @@ from legato.plan.placements import (
     redistribute_cost,
 )
 from legato.plan.report import PlanReport, make_plan
+from legato.plan.sbp_layout import (
+    PARTS,
+    PartLayout,
+    backward_collectives,
+    forward_collectives,
+    part_layout,
+)
 from legato.plan.search import Scored, SearchResult, pareto_front, search
 from legato.plan.space import SearchSpace, fast_domain
 

@@ -13,7 +13,7 @@ from collections import defaultdict
 from typing import Any
 
 from legato.plan.errors import PlanError
-from legato.plan.layout import backward_collectives, forward_collectives, part_layout
+from legato.plan.sbp_layout import backward_collectives, forward_collectives, part_layout
 from legato.plan.search import Scored
 from legato.schedule.builders import default_memory_cap
 from legato.specs.model import ModelSpec

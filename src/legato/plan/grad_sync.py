@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from legato.plan.layout import PartLayout
 from legato.plan.placements import PARTIAL, REPLICATE, Collective, Shard, redistribute_cost
+from legato.plan.sbp_layout import PartLayout
 
 
 @dataclass(frozen=True)

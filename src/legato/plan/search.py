@@ -13,7 +13,7 @@ Pareto front). With expert parallelism the MoE overlap variant (plain, Domino-EP
 Comet chunk and group counts) is chosen once per shape and micro-batch size, at the
 first option's fastest memory cell: it changes how much all-to-all time hides behind
 the expert GEMMs, not memory, and the same layer repeats under every schedule and memory
-setting. The scorer is injected (``legato.cost.predict.predict`` by default) so the
+setting. The scorer is injected (``legato.cost.training_step.predict`` by default) so the
 search can be tested against a known model.
 """
 
@@ -57,7 +57,7 @@ Scorer = Callable[[ModelSpec, ClusterSpec, Strategy], PredictionLike]
 
 
 def default_scorer() -> Scorer:
-    from legato.cost.predict import predict  # the cost model; imported on first use
+    from legato.cost.training_step import predict  # the cost model; imported on first use
 
     return predict
 

@@ -19,7 +19,7 @@ from legato.schedule.builders import (
 )
 from legato.schedule.costs import CostModel, MeasuredCosts
 from legato.schedule.errors import ScheduleError
-from legato.schedule.ir import Action, Placement, Schedule
+from legato.schedule.ir import Action, Schedule, StagePlacement
 from legato.schedule.pareto import ParetoPoint, render_pareto_png, sweep, write_pareto_json
 from legato.schedule.render import chrome_trace, render_timeline_png, write_chrome_trace
 from legato.schedule.simulate import SimResult, TimedAction, simulate
@@ -32,10 +32,10 @@ __all__ = [
     "CostModel",
     "MeasuredCosts",
     "ParetoPoint",
-    "Placement",
     "Schedule",
     "ScheduleError",
     "SimResult",
+    "StagePlacement",
     "TimedAction",
     "build_schedule",
     "check",

@@ -27,7 +27,7 @@ from legato.schedule.costs import CostModel, Costs
 from legato.schedule.dependencies import with_communication
 from legato.schedule.engine import ListScheduler
 from legato.schedule.errors import ScheduleError
-from legato.schedule.ir import Placement, Schedule
+from legato.schedule.ir import Schedule, StagePlacement
 from legato.schedule.orders import gpipe_order, interleaved_order, one_f_one_b_order
 from legato.schedule.slicing import slice_bounds
 
@@ -79,13 +79,13 @@ def _finish(template: Schedule, costs: Costs, **engine: Any) -> Schedule:
 
 def gpipe(stages: int, microbatches: int) -> Schedule:
     p, m = _positive("stages", stages), _positive("microbatches", microbatches)
-    t = Schedule("gpipe", Placement(p), m)
+    t = Schedule("gpipe", StagePlacement(p), m)
     return _finish(t, CostModel(), order=gpipe_order(p, m, "BW"))
 
 
 def one_f_one_b(stages: int, microbatches: int) -> Schedule:
     p, m = _positive("stages", stages), _positive("microbatches", microbatches)
-    t = Schedule("1f1b", Placement(p), m)
+    t = Schedule("1f1b", StagePlacement(p), m)
     return _finish(t, CostModel(), order=one_f_one_b_order(p, m, 1, "BW"))
 
 
@@ -96,7 +96,7 @@ def interleaved(stages: int, microbatches: int, chunks: int = 2) -> Schedule:
         raise ScheduleError(f"chunks: interleaved needs at least 2 per rank (1 is 1f1b), got {v}")
     if m % p:
         raise ScheduleError(f"microbatches: interleaved needs a multiple of stages ({p}), got {m}")
-    t = Schedule("interleaved", Placement(p, v), m)
+    t = Schedule("interleaved", StagePlacement(p, v), m)
     return _finish(t, CostModel(), order=interleaved_order(p, m, v, "BW"))
 
 
@@ -112,7 +112,7 @@ def seq1f1b(
     p, m, k = (_positive(n, x) for n, x in
                (("stages", stages), ("microbatches", microbatches), ("slices", slices)))  # fmt: skip
     costs = costs or CostModel()
-    t = Schedule("seq1f1b", Placement(p), m, k, slice_bounds=_bounds(k, slicing, costs))
+    t = Schedule("seq1f1b", StagePlacement(p), m, k, slice_bounds=_bounds(k, slicing, costs))
     return _finish(t, costs, order=one_f_one_b_order(p, m, k, "BW"))
 
 
@@ -122,7 +122,7 @@ def zb_h1(
     """Zero Bubble H1: 1F1B's F/B order, W deferred into waits, at most p micro-batches."""
     p, m = _positive("stages", stages), _positive("microbatches", microbatches)
     g = _positive("w_subtasks", w_subtasks)
-    t = Schedule("zb-h1", Placement(p), m, backward="split", w_subtasks=g)
+    t = Schedule("zb-h1", StagePlacement(p), m, backward="split", w_subtasks=g)
     order = one_f_one_b_order(p, m, 1, "B")
     return _finish(t, costs or CostModel(), order=order, cap=p, reserve=False)
 
@@ -155,7 +155,9 @@ def svpp(
     if memory_cap is None:
         memory_cap = default_memory_cap(p, v, k)
     cap = _check_cap(memory_cap, v, k)
-    t = Schedule(name, Placement(p, v, placement), m, k, "split", g, _bounds(k, slicing, costs))
+    t = Schedule(
+        name, StagePlacement(p, v, placement), m, k, "split", g, _bounds(k, slicing, costs)
+    )
     return _finish(t, costs, cap=cap, reserve=reserve)
 
 

@@ -87,7 +87,7 @@ class Action:
 
 
 @dataclass(frozen=True)
-class Placement:
+class StagePlacement:
     """Which rank holds which virtual stage.
 
     ``interleaved``: chunk c of rank d is virtual stage c*p + d (Megatron).
@@ -135,7 +135,7 @@ class Schedule:
     """
 
     name: str
-    placement: Placement
+    placement: StagePlacement
     microbatches: int
     slices: int = 1
     backward: Literal["fused", "split"] = "fused"
@@ -208,7 +208,7 @@ class Schedule:
         if unknown:
             raise ScheduleError(f"schedule.{unknown[0]}: unknown field; allowed: {sorted(known)}")
         try:
-            placement = Placement(int(data["stages"]), int(data.get("chunks", 1)),
+            placement = StagePlacement(int(data["stages"]), int(data.get("chunks", 1)),
                                   data.get("placement", "interleaved"))  # fmt: skip
             ranks = tuple(tuple(Action.parse(t) for t in rank) for rank in data["ranks"])
             return cls(

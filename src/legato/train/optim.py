@@ -58,7 +58,7 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: floa
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(
+def build_lr_schedule(
     optimizer: torch.optim.Optimizer, cfg: OptimSection, total_steps: int
 ) -> torch.optim.lr_scheduler.LambdaLR:
     def factor(step: int) -> float:

@@ -34,6 +34,7 @@ from legato.moe import end_step
 from legato.precision.fsdp_fp8 import enable_fp8_all_gather
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
+from legato.train.apply_strategy import compute_dtype, data_parallel, to_fp8
 from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
 from legato.train.device_peak import peak_flops
 from legato.train.distributed import (
@@ -44,7 +45,6 @@ from legato.train.distributed import (
     unwrap,
     use_pipeline_mesh,
 )
-from legato.train.layout import compute_dtype, data_parallel, to_fp8
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
     MetricsLog,
@@ -56,7 +56,7 @@ from legato.train.metrics import (
     read_metrics,
     summarize,
 )
-from legato.train.optim import build_optimizer, build_scheduler
+from legato.train.optim import build_lr_schedule, build_optimizer
 from legato.train.pipeline_step import PipelineStep
 from legato.train.progress import Progress
 from legato.train.strategy import describe, describe_device, resolve_strategy
@@ -188,7 +188,7 @@ class Trainer:
             self.swap = laid_out.swap  # held: its hooks live as long as the trainer
         self.trained = trained
         self.optimizer = build_optimizer(trained, cfg.optim)
-        self.scheduler = build_scheduler(self.optimizer, cfg.optim, cfg.train.steps)
+        self.scheduler = build_lr_schedule(self.optimizer, cfg.optim, cfg.train.steps)
         self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
         self.peak = peak_flops(ctx.device, cfg.train.dtype) if ctx.is_main else None
 

@@ -2,7 +2,7 @@
 
 Virtual stage ``vs`` (of S = ranks * chunks) gets a contiguous run of blocks; the first
 also holds the embeddings, the last the final norm, the LM head and (in the runtime) the
-loss. Chunk c of rank d is the virtual stage the schedule's ``Placement`` names, so the
+loss. Chunk c of rank d is the virtual stage the schedule's ``StagePlacement`` names, so the
 interleaved and the V placements come out of the same code. Stages *share* the model's
 modules (no copies): building the stages of one rank from a full model leaves the other
 ranks' layers unused there, and parameter names stay the model's.
@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from legato.errors import ConfigError
 from legato.models.transformer import Transformer
-from legato.schedule import Placement
+from legato.schedule import StagePlacement
 
 
 def split_layers(num_layers: int, num_stages: int) -> tuple[range, ...]:
@@ -75,7 +75,7 @@ class StageModule(nn.Module):
 
 def build_stages(
     model: Transformer,
-    placement: Placement,
+    placement: StagePlacement,
     rank: int,
     layers_per_stage: Sequence[int] | None = None,
 ) -> dict[int, StageModule]:

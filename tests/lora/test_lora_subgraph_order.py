@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from legato.lora.overlap import SubGraph, group_subgraphs, order_subgraphs, simulate_order
+from legato.lora.subgraph_order import SubGraph, group_subgraphs, order_subgraphs, simulate_order
 
 
 def _valid(nodes, timeline):

@@ -23,7 +23,7 @@ efficiently; fp8 in FP8 training).
 Not modelled: routing, permutation copies, and compute slowed by sharing the device with
 communication kernels; the predictions are an upper bound on what overlap can gain.
 
-How ``cost.predict`` uses it (:func:`ep_exposure`): each MoE layer with ``ep > 1`` adds,
+How ``cost.training_step`` uses it (:func:`ep_exposure`): each MoE layer with ``ep > 1`` adds,
 per micro-batch, the all-to-all time its schedule (``Strategy.moe_overlap``,
 ``moe_chunks``, ``moe_groups``; ``none`` is plain) leaves exposed, forward and backward
 apart, plus the compute its smaller GEMM pieces lose against the whole GEMMs the block

@@ -13,7 +13,7 @@
 The schedules differ only in how rows are cut into pieces (``pieces``) and in the column
 groups; every variant computes each output element with the same operations, so results
 agree to rounding, and backward mirrors every transfer (``comm``). Chunk and group counts
-are tunables; ``cost.moe_overlap`` predicts the best ones.
+are tunables; ``cost.moe_layer_time`` predicts the best ones.
 """
 
 from __future__ import annotations

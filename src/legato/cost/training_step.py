@@ -22,7 +22,7 @@ from typing import Any
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.flops import training_step_flops
 from legato.cost.memory import GIB, TERMS, MemoryBreakdown
-from legato.cost.moe_overlap import MoETime
+from legato.cost.moe_layer_time import MoETime
 from legato.cost.pipeline import pipeline_time
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime

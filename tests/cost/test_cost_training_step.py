@@ -8,7 +8,7 @@ import time
 import pytest
 
 from legato.cost import Prediction, predict
-from legato.cost.overlap import Traffic, exposed_seconds
+from legato.cost.exposed_comm import Traffic, exposed_seconds
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy, StrategyError
 
