@@ -18,24 +18,21 @@ each table only.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 import legato.cost
 from legato.cost.published import ASSUMPTIONS, Result, errors_by_source, evaluate
 from legato.specs import Link
+from report import emit
 
 BENCHMARK = "cost_model_accuracy"
 GOAL_PCT = 10.0
 
 
-def _emit(**fields) -> None:
-    print(json.dumps({"benchmark": BENCHMARK, **fields}), flush=True)
-
-
 def _row_line(result: Result) -> None:
     case = result.case
-    _emit(
+    emit(
+        BENCHMARK,
         case={
             "row_id": case.row["row_id"],
             "source": case.row["source"],
@@ -60,7 +57,8 @@ def _nccl_line() -> None:
         m for p in (2, 4, 8) for m in read_nccl_tests(data / f"a100_nccl_allreduce_{p}gpu.txt", p)
     ]
     fit = fit_collective_model(measured, nvlink.latency_us, nvlink.bandwidth_gbps)
-    _emit(
+    emit(
+        BENCHMARK,
         case={"source": "a100_nccl_allreduce_{2,4,8}gpu.txt", "sizes": len(measured)},
         metric="mean_abs_pct_error",
         value=round(100 * fit.mean_error, 2),
@@ -87,7 +85,8 @@ def main(argv: list[str] | None = None) -> None:
         _row_line(result)
     for source, (mean, worst, rows) in errors_by_source(results).items():
         family = next(r.case.family for r in results if r.case.row["source"] == source)
-        _emit(
+        emit(
+            BENCHMARK,
             case={"source": source, "rows": rows, "assumptions": ASSUMPTIONS[family]},
             metric="mean_abs_pct_error",
             value=round(100 * mean, 2),

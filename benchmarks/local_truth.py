@@ -53,6 +53,7 @@ from legato.specs.strategy import Strategy
 from legato.train.calibrate import Measurement, calibrate
 from legato.train.calibrate_cluster import read_measurement, write_cluster_file
 from legato.train.config import TrainConfig
+from report import emit
 
 MODEL = "tiny"
 
@@ -146,28 +147,30 @@ def calibrated(m: Measurement) -> dict:
     }
 
 
-def emit(nproc: int, name: str, prediction: Prediction, measured: dict, extra: dict) -> None:
+def emit_prediction(
+    nproc: int, name: str, prediction: Prediction, measured: dict, extra: dict
+) -> None:
     ratio = prediction.step_time_s / measured["median"]
     b = prediction.breakdown
-    row = {
-        "benchmark": "local_truth",
-        "case": {"model": MODEL, "nproc": nproc, "calibration": name},
-        "metric": "step_time_s",
-        "value": round(prediction.step_time_s, 4),
-        "baseline": "measured",
-        "baseline_value": round(measured["median"], 4),
-        "ratio": round(ratio, 3),
-        "error_pct": round(100 * (ratio - 1), 1),
-        "measured_q1_q3": [round(measured["q1"], 4), round(measured["q3"], 4)],
-        "measured_steps": measured["steps"],
-        "predicted_terms": {
+    emit(
+        "local_truth",
+        {"model": MODEL, "nproc": nproc, "calibration": name},
+        "step_time_s",
+        prediction.step_time_s,
+        "measured",
+        measured["median"],
+        digits=4,
+        ratio_digits=3,
+        error_pct=round(100 * (ratio - 1), 1),
+        measured_q1_q3=[round(measured["q1"], 4), round(measured["q3"], 4)],
+        measured_steps=measured["steps"],
+        predicted_terms={
             "compute_s": round(b["compute_s"], 4),
             "optimizer_s": round(b["optimizer_s"], 4),
             "exposed_comm_s": {k: round(v, 4) for k, v in b["exposed_comm_s"].items()},
         },
         **extra,
-    }
-    print(json.dumps(row), flush=True)
+    )
 
 
 def main() -> None:
@@ -211,8 +214,8 @@ def run_case(nproc: int, given: Path | None, quick: bool, steps: int, kernels: i
     extra["kernels_per_microbatch"] = {"counted": kernels, "cost_model": modelled}
     overhead = m.parallel_overhead_s * modelled * strategy(nproc).num_microbatches
     extra["fork_join_s"] = round(overhead, 4)
-    emit(nproc, "measured", predicted(nproc, cluster_file, True), measured, extra)
-    emit(nproc, "default", predicted(nproc, cluster_file, False), measured, {})
+    emit_prediction(nproc, "measured", predicted(nproc, cluster_file, True), measured, extra)
+    emit_prediction(nproc, "default", predicted(nproc, cluster_file, False), measured, {})
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ baseline_value`` (below 1: faster than the baseline). ``--quick`` runs one small
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import tempfile
@@ -38,6 +37,9 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
+from report import emit
+
+BENCHMARK = "moe_layer"
 BASELINE = "alltoall_then_gemm"
 
 
@@ -50,20 +52,6 @@ def _schedules() -> dict:
         "comet_c2_g2": Overlap.comet(2, 2),
         "comet_c4_g2": Overlap.comet(4, 2),
     }
-
-
-def _emit(case: dict, value: float, baseline: str, baseline_value: float, **extra) -> None:
-    row = {
-        "benchmark": "moe_layer",
-        "case": case,
-        "metric": extra.pop("metric", "step_time_s"),
-        "value": round(value, 6),
-        "baseline": baseline,
-        "baseline_value": round(baseline_value, 6),
-        "ratio": round(value / baseline_value, 4),
-        **extra,
-    }
-    print(json.dumps(row), flush=True)
 
 
 # ---------------------------------------------------------------- measured (2 processes)
@@ -177,15 +165,19 @@ def _mechanism(rank: int, dist, repeats: int) -> None:
     times = {name: statistics.median(v) for name, v in _timed(runs, repeats, dist).items()}
     if rank == 0:
         comm, base = times["comm_only"], times["alltoall_then_sleep"]
-        _emit(
+        emit(
+            BENCHMARK,
             {
                 "check": "gloo_async_alltoall_under_idle_host",
                 "bytes": x.numel() * 4,
                 "sleep_s": 0.03,
             },
+            "step_time_s",
             times["overlapped"],
             "alltoall_then_sleep",
             base,
+            digits=6,
+            ratio_digits=4,
             comm_only_s=round(comm, 6),
             hidden_fraction=round((comm + 0.03 - times["overlapped"]) / comm, 3),
         )
@@ -245,11 +237,15 @@ def _report(case: dict, samples: dict[str, list[float]]) -> None:
         comm, compute, base = times["comm_only"], times["compute_only"], times[BASELINE]
         for name in _schedules():
             hidden = (comm + compute - times[name]) / comm
-            _emit(
+            emit(
+                BENCHMARK,
                 {**case, "ep": 2, "schedule": name, "statistic": stat.__name__},
+                "step_time_s",
                 times[name],
                 BASELINE,
                 base,
+                digits=6,
+                ratio_digits=4,
                 comm_only_s=round(comm, 6),
                 compute_only_s=round(compute, 6),
                 hidden_fraction=round(hidden, 3),
@@ -287,11 +283,15 @@ def grouped_gemm_vs_loop(cases: list[dict], repeats: int) -> None:
                     samples.append(time.perf_counter() - start)
                 times[impl] = statistics.median(samples)
             dtype_name = str(dtype).removeprefix("torch.")
-            _emit(
+            emit(
+                BENCHMARK,
                 {**case, "dtype": dtype_name, "impl": "grouped_mm", "processes": 1},
+                "step_time_s",
                 times["grouped_mm"],
                 "loop_over_experts",
                 times["loop"],
+                digits=6,
+                ratio_digits=4,
             )
 
 
@@ -355,12 +355,15 @@ def predict() -> None:
                     "latency": label,
                     "schedule": f"{timing.schedule} c{timing.chunks} g{timing.groups}",
                 }
-                _emit(
+                emit(
+                    BENCHMARK,
                     case,
+                    "predicted_moe_layer_s",
                     timing.seconds,
                     BASELINE,
                     gain.plain.seconds,
-                    metric="predicted_moe_layer_s",
+                    digits=6,
+                    ratio_digits=4,
                     comm_share_plain=round(gain.plain.comm_s / gain.plain.seconds, 3),
                     hidden_fraction=round(timing.hidden_fraction, 3),
                     layer_speedup=round(gain.layer, 3),

@@ -26,7 +26,6 @@ These are predictions of the calibrated cost model, not measurements.
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from dataclasses import replace
 
@@ -34,7 +33,9 @@ from legato.cost.training_step import predict
 from legato.plan import SearchSpace, search
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
+from report import emit, note
 
+BENCHMARK = "moe_overlap_gain"
 PUBLISHED = {"end_to_end": 1.71, "layer": 1.96}  # Comet, MLSys'25, on H800
 SEQ = 4096
 CASES = [  # model, H800 nodes, global batch (sequences)
@@ -49,12 +50,6 @@ QUICK = [("mixtral-8x7b", 8, 256), ("deepseek-v3", 32, 512)]
 PLAIN = (("none", 1, 1),)
 
 
-def _emit(case: dict, metric: str, value: float, baseline: str, base: float, **extra) -> None:
-    row = {"benchmark": "moe_overlap_gain", "case": case, "metric": metric, "value": value}
-    row |= {"baseline": baseline, "baseline_value": base, "ratio": value / base}
-    print(json.dumps(row | {"extra": extra}), flush=True)
-
-
 def _without_overlap(strategy: Strategy) -> Strategy:
     return strategy.with_(moe_overlap="none", moe_chunks=1, moe_groups=1)
 
@@ -67,8 +62,7 @@ def plan_row(
     best = search(model, cluster, gbs, space=space).best
     seconds = time.process_time() - start
     if best is None:
-        print(json.dumps({"benchmark": "moe_overlap_gain", "case": case | {"plan": label},
-                          "error": "no plan fits"}), flush=True)  # fmt: skip
+        note(BENCHMARK, case=case | {"plan": label}, error="no plan fits")
         return None
     plain = predict(model, cluster, _without_overlap(best.strategy))
     p = best.prediction
@@ -92,8 +86,8 @@ def plan_row(
             "ep_level": p.breakdown["levels"]["ep"],
         }
     case = case | {"plan": label}
-    _emit(case, "tokens_per_s", p.tokens_per_s, "same_plan_moe_overlap_none",
-          plain.tokens_per_s, **extra)  # fmt: skip
+    emit(BENCHMARK, case, "tokens_per_s", p.tokens_per_s, "same_plan_moe_overlap_none",
+         plain.tokens_per_s, extra=extra)  # fmt: skip
     return best.strategy
 
 
@@ -104,14 +98,17 @@ def planner_row(case: dict, model, cluster, gbs: int) -> None:
         results[label] = search(model, cluster, gbs, space=space).best
     if results["with"] is None or results["without"] is None:
         return
-    _emit(
+    emit(
+        BENCHMARK,
         case | {"plan": "search"},
         "planner_tokens_per_s",
         results["with"].prediction.tokens_per_s,
         "search_without_overlap_variants",
         results["without"].prediction.tokens_per_s,
-        strategy=results["with"].strategy.to_string(),
-        baseline_strategy=results["without"].strategy.to_string(),
+        extra={
+            "strategy": results["with"].strategy.to_string(),
+            "baseline_strategy": results["without"].strategy.to_string(),
+        },
     )
 
 

@@ -25,7 +25,6 @@ single-LoRA baselines (on GPUs). ``--quick``: a smaller model and fewer steps, <
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from collections.abc import Callable
@@ -41,6 +40,7 @@ from legato.lora.task_data import TaskSampler, TaskStream
 from legato.models import build_model
 from legato.specs.model import ModelSpec
 from legato.specs.registry import load_model
+from report import emit
 
 RANKS = (8, 16, 4, 32)
 TARGETS = (("q_proj", "v_proj"), ("q_proj", "k_proj", "v_proj", "o_proj"))
@@ -189,19 +189,6 @@ def counted_bytes(units: list[Unit]) -> int:
     return peak
 
 
-def _emit(case: dict, metric: str, value: float, baseline: str, baseline_value: float) -> None:
-    row = {
-        "benchmark": "multi_lora",
-        "case": case,
-        "metric": metric,
-        "value": round(value, 3),
-        "baseline": baseline,
-        "baseline_value": round(baseline_value, 3),
-        "ratio": round(value / baseline_value, 4),
-    }
-    print(json.dumps(row), flush=True)
-
-
 def bench_k(k: int, model: MultiLoraModel, setup: Setup, repeats: int) -> None:
     tasks = _tasks(k, setup)
     tokens = sum(t.steps * t.batch_size * t.seq_len for t in tasks)
@@ -227,8 +214,12 @@ def bench_k(k: int, model: MultiLoraModel, setup: Setup, repeats: int) -> None:
     fused_speed = statistics.median(speeds["fused"])
     fused_peak = statistics.median(peaks["fused"])
     for baseline in MODES[1:]:
-        _emit(case, "tokens_per_s", fused_speed, baseline, statistics.median(speeds[baseline]))
-        _emit(case, "peak_memory_bytes", fused_peak, baseline, statistics.median(peaks[baseline]))
+        for metric, value, runs in (
+            ("tokens_per_s", fused_speed, speeds),
+            ("peak_memory_bytes", fused_peak, peaks),
+        ):
+            base = statistics.median(runs[baseline])
+            emit("multi_lora", case, metric, value, baseline, base, digits=3, ratio_digits=4)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from legato.plan import PlanError, SearchSpace, make_plan, pareto_front, search
 from legato.specs import load_cluster, load_model
+from report import emit
 
 BENCHMARK = "plan_gain"
 # model: (global batch in sequences, node counts per cluster kind)
@@ -43,10 +44,6 @@ QUICK = [
     ("mixtral-8x22b", "h800", 64),
 ]
 PARETO_CASE = ("llama3-70b", "dgx-h100", 8)
-
-
-def _emit(**fields) -> None:
-    print(json.dumps({"benchmark": BENCHMARK, **fields}), flush=True)
 
 
 def _cases(quick: bool) -> list[tuple[str, str, int]]:
@@ -69,8 +66,16 @@ def run_case(model_name: str, cluster_name: str, nodes: int) -> None:
     try:
         report = make_plan(model, cluster, gbs, top_k=3)
     except PlanError as exc:
-        _emit(case=case, metric="tokens_per_s", value=None, baseline="heuristic",
-              baseline_value=None, ratio=None, extra={"error": str(exc)})  # fmt: skip
+        emit(
+            BENCHMARK,
+            case=case,
+            metric="tokens_per_s",
+            value=None,
+            baseline="heuristic",
+            baseline_value=None,
+            ratio=None,
+            extra={"error": str(exc)},
+        )
         return
     elapsed = time.perf_counter() - start
     best = report.result.best
@@ -92,9 +97,16 @@ def run_case(model_name: str, cluster_name: str, nodes: int) -> None:
         "scored": report.result.stats.scored,
         "plan_seconds": round(elapsed, 2),
     }
-    _emit(case=case, metric="tokens_per_s", value=round(value), baseline="heuristic",
-          baseline_value=round(base_value) if base_value else None,
-          ratio=round(value / base_value, 4) if base_value else None, extra=extra)  # fmt: skip
+    emit(
+        BENCHMARK,
+        case=case,
+        metric="tokens_per_s",
+        value=round(value),
+        baseline="heuristic",
+        baseline_value=round(base_value) if base_value else None,
+        ratio=round(value / base_value, 4) if base_value else None,
+        extra=extra,
+    )
 
 
 def pareto(out: Path) -> None:
@@ -137,8 +149,16 @@ def pareto(out: Path) -> None:
     fig.savefig(stem.with_suffix(".png"), dpi=120)
     plt.close(fig)
     files = {"png": str(stem.with_suffix(".png")), "json": str(stem.with_suffix(".json"))}
-    _emit(case=case, metric="pareto_points", value=len(front), baseline="fitting_candidates",
-          baseline_value=len(points), ratio=round(len(front) / len(points), 4), extra=files)  # fmt: skip
+    emit(
+        BENCHMARK,
+        case=case,
+        metric="pareto_points",
+        value=len(front),
+        baseline="fitting_candidates",
+        baseline_value=len(points),
+        ratio=round(len(front) / len(points), 4),
+        extra=files,
+    )
 
 
 def main() -> None:

@@ -23,11 +23,11 @@ unrestricted planner's choice. A last line gives the mean ratio against the publ
 from __future__ import annotations
 
 import argparse
-import json
 from statistics import mean
 
 from legato.plan import Scored, SearchSpace, search
 from legato.specs import load_cluster, load_model
+from report import emit
 
 BENCHMARK = "svpp_plan"
 MODEL, CLUSTER, NODES = "llama2-13b", "rtx4090-pcie", 8
@@ -35,10 +35,6 @@ GBS = (64, 128, 256)  # sequences per step: 0.26M, 0.52M and 1.05M tokens
 QUICK_GBS = (128,)
 PUBLISHED = {"mfu": 0.35, "mean_speedup": 1.35}
 UNSLICED = tuple(s for s in SearchSpace().schedules if s != "svpp")
-
-
-def _emit(**fields) -> None:
-    print(json.dumps({"benchmark": BENCHMARK, **fields}), flush=True)
 
 
 def _plan(scored: Scored | None) -> dict:
@@ -87,12 +83,20 @@ def run_case(gbs: int) -> float | None:
         "planner_best": planner.strategy.to_string() if planner else None,
         "published": PUBLISHED,
     }
-    _emit(case=case, metric="tokens_per_s", value=round(value) if value else None,
-          baseline="best_without_slices", baseline_value=round(base) if base else None,
-          ratio=round(ratio, 4) if ratio else None,
-          mfu=extra["svpp"].get("mfu"), memory_gib=extra["svpp"].get("memory_gib"),
-          baseline_mfu=extra["without_slices"].get("mfu"),
-          baseline_memory_gib=extra["without_slices"].get("memory_gib"), extra=extra)  # fmt: skip
+    emit(
+        BENCHMARK,
+        case=case,
+        metric="tokens_per_s",
+        value=round(value) if value else None,
+        baseline="best_without_slices",
+        baseline_value=round(base) if base else None,
+        ratio=round(ratio, 4) if ratio else None,
+        mfu=extra["svpp"].get("mfu"),
+        memory_gib=extra["svpp"].get("memory_gib"),
+        baseline_mfu=extra["without_slices"].get("mfu"),
+        baseline_memory_gib=extra["without_slices"].get("memory_gib"),
+        extra=extra,
+    )
     return ratio
 
 
@@ -104,9 +108,15 @@ def main() -> None:
     ratios = [r for r in (run_case(gbs) for gbs in sizes) if r is not None]
     if ratios:
         case = {"model": MODEL, "cluster": CLUSTER, "nodes": NODES, "gbs": list(sizes)}
-        _emit(case=case, metric="mean_speedup", value=round(mean(ratios), 4),
-              baseline="published", baseline_value=PUBLISHED["mean_speedup"],
-              ratio=round(mean(ratios) / PUBLISHED["mean_speedup"], 4))  # fmt: skip
+        emit(
+            BENCHMARK,
+            case=case,
+            metric="mean_speedup",
+            value=round(mean(ratios), 4),
+            baseline="published",
+            baseline_value=PUBLISHED["mean_speedup"],
+            ratio=round(mean(ratios) / PUBLISHED["mean_speedup"], 4),
+        )
 
 
 if __name__ == "__main__":

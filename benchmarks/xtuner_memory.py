@@ -23,7 +23,6 @@ higher for speed-ups):
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import replace
 
 from legato.cost.memory import GIB
@@ -32,6 +31,7 @@ from legato.cost.xtuner_terms import XTunerOptions, fp8_linear_speedup, xtuner_m
 from legato.plan import SearchSpace, search
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
+from report import emit
 
 SEQ = 65536
 FSDP = Strategy(dp=256, zero=3, mbs=1, gbs=256)
@@ -41,13 +41,8 @@ TECHNIQUES = [  # swap, loss_chunk, fp8
     (True, 4096, False),
     (True, 4096, True),
 ]
+BENCHMARK = "xtuner_memory"
 FSDP_ONLY = SearchSpace(max_tp=1, max_pp=1, max_cp=1, max_ep=1)
-
-
-def _emit(case: dict, metric: str, value: float, baseline: str, base: float, **extra) -> None:
-    row = {"benchmark": "xtuner_memory", "case": case, "metric": metric, "value": value}
-    row |= {"baseline": baseline, "baseline_value": base, "ratio": value / base}
-    print(json.dumps(row | {"extra": extra}), flush=True)
 
 
 def memory_rows(model, cluster, recomputes: tuple[str, ...]) -> None:
@@ -61,22 +56,25 @@ def memory_rows(model, cluster, recomputes: tuple[str, ...]) -> None:
             x = xtuner_memory(model, s, XTunerOptions(swap=swap, loss_chunk=chunk or None, fp8=fp8))
             case = {"model": model.name, "seq": SEQ, "devices": cluster.world_size}
             case |= {"recompute": recompute, "swap": swap, "loss_chunk": chunk, "fp8": fp8}
-            _emit(
+            emit(
+                BENCHMARK,
                 case,
                 "predicted_memory_gib",
                 p.memory_gib,
                 "fsdp_only",
                 plain.memory_gib,
-                xtuner_memory_gib=x.total / GIB,
-                agrees=abs(p.memory_gib - x.total / GIB) < 1e-6,
-                fits=p.fits,
-                baseline_fits=plain.memory_gib <= capacity,
-                host_gib=p.breakdown.get("swap", {}).get("host_gib", 0.0),
-                terms_gib={k: round(v, 2) for k, v in p.breakdown["memory_gib"].items()},
-                step_time_s=p.step_time_s,
-                baseline_step_time_s=plain.step_time_s,
-                host_copy_s=p.breakdown["comm_s"].get("host", 0.0),
-                host_exposed_s=p.breakdown["exposed_comm_s"].get("host", 0.0),
+                extra=dict(
+                    xtuner_memory_gib=x.total / GIB,
+                    agrees=abs(p.memory_gib - x.total / GIB) < 1e-6,
+                    fits=p.fits,
+                    baseline_fits=plain.memory_gib <= capacity,
+                    host_gib=p.breakdown.get("swap", {}).get("host_gib", 0.0),
+                    terms_gib={k: round(v, 2) for k, v in p.breakdown["memory_gib"].items()},
+                    step_time_s=p.step_time_s,
+                    baseline_step_time_s=plain.step_time_s,
+                    host_copy_s=p.breakdown["comm_s"].get("host", 0.0),
+                    host_exposed_s=p.breakdown["exposed_comm_s"].get("host", 0.0),
+                ),
             )
 
 
@@ -85,15 +83,18 @@ def fp8_row(model, cluster) -> None:
     bf16, fp8 = predict(model, cluster, s), predict(model, cluster, s.with_(dtype="fp8"))
     case = {"model": model.name, "seq": SEQ, "devices": cluster.world_size,
             "strategy": s.to_string()}  # fmt: skip
-    _emit(
+    emit(
+        BENCHMARK,
         case,
         "fp8_step_speedup",
         bf16.step_time_s / fp8.step_time_s,
         "xtuner_reported",
         2450 / 2000,
-        amdahl_bound=fp8_linear_speedup(model, cluster.device, SEQ),
-        tokens_per_device_s_bf16=bf16.tokens_per_s / cluster.world_size,
-        tokens_per_device_s_fp8=fp8.tokens_per_s / cluster.world_size,
+        extra=dict(
+            amdahl_bound=fp8_linear_speedup(model, cluster.device, SEQ),
+            tokens_per_device_s_bf16=bf16.tokens_per_s / cluster.world_size,
+            tokens_per_device_s_fp8=fp8.tokens_per_s / cluster.world_size,
+        ),
     )
 
 
@@ -104,16 +105,19 @@ def planner_rows(model, cluster) -> None:
         without = predict(model, cluster, lean)
         case = {"model": model.name, "seq": SEQ, "devices": cluster.world_size,
                 "space": "fsdp_only", "dtype": dtype}  # fmt: skip
-        _emit(
+        emit(
+            BENCHMARK,
             case,
             "planner_memory_gib",
             best.prediction.memory_gib,
             "same_plan_without_swap_and_chunked_loss",
             without.memory_gib,
-            strategy=best.strategy.to_string(),
-            fits=best.prediction.fits,
-            baseline_fits=without.fits,
-            tokens_per_device_s=best.prediction.tokens_per_s / cluster.world_size,
+            extra=dict(
+                strategy=best.strategy.to_string(),
+                fits=best.prediction.fits,
+                baseline_fits=without.fits,
+                tokens_per_device_s=best.prediction.tokens_per_s / cluster.world_size,
+            ),
         )
 
 

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import sys
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -33,6 +33,11 @@ from legato.models import build_model
 from legato.precision import convert_to_fp8, fp8_linear, quantize_tiles
 from legato.precision.gemm import _scaled_mm, emulated_mm
 from legato.specs.model import ModelSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/report.py
+from report import emit, note
+
+BENCHMARK = "fp8_gemm"
 
 SHAPES = [(4096, 4096, 4096), (8192, 8192, 8192), (16384, 4096, 14336), (16384, 14336, 4096)]
 MODEL_1B = ModelSpec(
@@ -45,10 +50,6 @@ MODEL_1B = ModelSpec(
     vocab_size=32768,
     seq_len=4096,
 )
-
-
-def _emit(**row) -> None:
-    print(json.dumps({"benchmark": "fp8_gemm", **row}), flush=True)
 
 
 def _torchao_rowwise(module: torch.nn.Module) -> torch.nn.Module | None:
@@ -66,10 +67,10 @@ def check(device: torch.device) -> bool:
     try:
         got = _scaled_mm(a, b, torch.bfloat16).float()  # cuBLASLt block scaling: bf16 out
     except (RuntimeError, NotImplementedError, ValueError) as err:
-        _emit(metric="check", block_scaled_kernel=False, error=str(err)[:300])
+        note(BENCHMARK, metric="check", block_scaled_kernel=False, error=str(err)[:300])
         return False
     rel = float((got - ref).norm() / ref.norm())
-    _emit(metric="check", block_scaled_kernel=True, rel_diff_vs_emulated=rel)
+    note(BENCHMARK, metric="check", block_scaled_kernel=True, rel_diff_vs_emulated=rel)
     return True
 
 
@@ -93,7 +94,8 @@ def gemm_rows(device: torch.device, shapes) -> None:
         if ao is not None:
             t_ao = cuda_median_seconds(lambda x=x, ao=ao: ao(x), repeats=20, warmup=3)
             extra["torchao_rowwise_linear_with_quant_tflops"] = flops / t_ao / 1e12
-        _emit(
+        emit(
+            BENCHMARK,
             case={"m": m, "k": k, "n": n},
             metric="gemm_tflops",
             value=flops / t_tile / 1e12,
@@ -125,7 +127,8 @@ def step_rows(device: torch.device, batch: int, seq: int) -> None:
     ao = _torchao_rowwise(copy.deepcopy(base))
     if ao is not None:
         extra["torchao_rowwise_step_s"] = step_time(ao)
-    _emit(
+    emit(
+        BENCHMARK,
         case={"model": "llama-1b", "batch": batch, "seq": seq},
         metric="step_time_s",
         value=t_fp8,
@@ -142,15 +145,17 @@ def main() -> None:
     parser.add_argument("--compile", action="store_true", help="torch.compile the quantiser")
     args = parser.parse_args()
     if not torch.cuda.is_available():
-        _emit(skipped="no CUDA GPU here; run this on an H100/H200 (FP8 needs sm89+)")
+        note(BENCHMARK, skipped="no CUDA GPU here; run this on an H100/H200 (FP8 needs sm89+)")
         return
     device = torch.device("cuda")
     if torch.cuda.get_device_capability(device) < (8, 9):
-        _emit(skipped=f"{torch.cuda.get_device_name(device)} has no FP8 tensor cores")
+        note(BENCHMARK, skipped=f"{torch.cuda.get_device_name(device)} has no FP8 tensor cores")
         return
     if args.compile:
         fp8_linear_module.quantize_tiles = torch.compile(quantize_tiles, dynamic=True)
-    _emit(metric="device", name=torch.cuda.get_device_name(device), torch=torch.__version__)
+    note(
+        BENCHMARK, metric="device", name=torch.cuda.get_device_name(device), torch=torch.__version__
+    )
     if not check(device):
         print("block-scaled FP8 GEMM unavailable; GEMM figures would be emulated", file=sys.stderr)
     gemm_rows(device, SHAPES[:1] if args.quick else SHAPES)

@@ -19,24 +19,25 @@ Without one it says so and exits 0. JSON lines, one per measurement.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 from functools import partial
+from pathlib import Path
 
 import torch
 from cuda_timing import cuda_median_seconds
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/report.py
+from report import emit, note
+
+BENCHMARK = "moe_grouped_gemm"
 
 SHAPES = {  # name -> (local experts, hidden, ffn, rows per expert)
     "mixtral-8x7b-ep8": (1, 4096, 14336, 4096),
     "mixtral-8x7b-ep1": (8, 4096, 14336, 1024),
     "deepseek-v3-ep32": (8, 7168, 2048, 1024),
 }
-
-
-def _emit(**row) -> None:
-    print(json.dumps({"benchmark": "moe_grouped_gemm", **row}), flush=True)
 
 
 def _gemm_step(x, w, sizes, impl, grad) -> None:
@@ -69,7 +70,8 @@ def grouped_vs_loop(repeats: int, shapes: dict) -> None:
             for impl in ("loop", "grouped_mm")
         }
         flops = 3 * 2 * experts * rows * hidden * ffn
-        _emit(
+        emit(
+            BENCHMARK,
             case={"shape": name, "experts": experts, "hidden": hidden, "ffn": ffn, "rows": rows},
             supported=grouped_mm_supported(x, w),
             metric="step_time_s",
@@ -95,7 +97,8 @@ def chunk_efficiency(repeats: int, shapes: dict) -> None:
             )
             tflops = flops / seconds / 1e12
             base = base or tflops
-            _emit(
+            emit(
+                BENCHMARK,
                 case={"shape": name, "chunks": chunks, "rows_per_expert_chunk": per},
                 metric="tflops",
                 value=tflops,
@@ -166,7 +169,7 @@ def _check(name: str, found, expected) -> None:
     ]
     scale = [float(b.float().abs().max()) for b in expected]
     ok = all(e <= 2e-2 * max(s, 1.0) for e, s in zip(errors, scale, strict=True))
-    _emit(case={"check": name}, metric="max_abs_error", value=max(errors), ok=ok)
+    emit(BENCHMARK, case={"check": name}, metric="max_abs_error", value=max(errors), ok=ok)
     if not ok:
         raise AssertionError(f"{name}: errors {errors} exceed bf16 tolerance")
 
@@ -194,7 +197,7 @@ def main() -> int:
             section()
         except Exception as error:  # report and go on with the other sections
             failed.append(error)
-            _emit(error=f"{type(error).__name__}: {error}")
+            note(BENCHMARK, error=f"{type(error).__name__}: {error}")
     return 1 if failed else 0
 
 
