@@ -55,6 +55,14 @@ def all_reduce_flat(
     return PendingReduce(list(tensors), flat, work)
 
 
+def broadcast_object(obj: T, group: dist.ProcessGroup | None = None) -> T:
+    """The ``obj`` of ``group``'s first rank on all of its ranks (e.g. a plan made from
+    local timings, which must be identical everywhere or the collectives would not match)."""
+    box = [obj]
+    dist.broadcast_object_list(box, group_src=0, group=group)
+    return box[0]
+
+
 @dataclass
 class DistContext:
     """Who this process is, and the collectives every command needs (no-ops alone)."""
@@ -98,13 +106,8 @@ class DistContext:
         return tensor
 
     def broadcast_object(self, obj: T) -> T:
-        """Rank 0's ``obj`` on every rank (e.g. a plan made from local timings, which must
-        be identical everywhere or the collectives would not match)."""
-        if not self.distributed:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0)
-        return box[0]
+        """Rank 0's ``obj`` on every rank."""
+        return broadcast_object(obj) if self.distributed else obj
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         """Every rank's ``obj``, in rank order, on every rank."""
