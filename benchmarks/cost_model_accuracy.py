@@ -49,7 +49,8 @@ def _row_line(result: Result) -> None:
 
 
 def _nccl_line() -> None:
-    from legato.cost.nccl import fit_collective_model, read_nccl_tests
+    from legato.cost.link_fit import fit_collective_model
+    from legato.cost.nccl import read_nccl_tests
 
     data = Path(legato.cost.__file__).parent / "data"
     nvlink = Link("NVLink 3", bandwidth_gbps=300, latency_us=2.0)

@@ -44,14 +44,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+from legato.calibrate.cluster_file import read_measurement, write_cluster_file
+from legato.calibrate.host import Measurement, calibrate
 from legato.cost.calibration import calibration_beside
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime, kernels_per_pass
 from legato.cost.training_step import predict
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
-from legato.train.calibrate import Measurement, calibrate
-from legato.train.calibrate_cluster import read_measurement, write_cluster_file
 from legato.train.config import TrainConfig
 from report import emit
 
@@ -112,8 +112,8 @@ def parallel_kernels(mbs: int) -> int:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
+    from legato.calibrate.compute import GRAIN_SIZE
     from legato.models import build_model
-    from legato.train.calibrate_compute import GRAIN_SIZE
 
     class Count(TorchDispatchMode):
         kernels = 0

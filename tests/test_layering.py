@@ -21,6 +21,7 @@ LAYER_RANK = {
     "schedule": 2,
     "plan": 3,
     "parallel": 4,
+    "calibrate": 4,
     "memory": 4,
     "precision": 4,
     "moe": 4,
@@ -34,7 +35,7 @@ LAYER_RANK = {
 }
 # Same-rank packages that may import each other (runtime pieces built on the models).
 ALLOWED_SIDEWAYS = {
-    ("parallel", "models"), ("parallel", "moe"), ("parallel", "memory"), ("parallel", "precision"),
+    ("parallel", "models"), ("parallel", "moe"), ("parallel", "memory"), ("parallel", "precision"), ("calibrate", "parallel"),
     ("models", "moe"), ("models", "precision"), ("models", "memory"), ("memory", "models"),
     ("moe", "precision"), ("lora", "train"), ("serve", "lora"), ("cluster", "train"),
 }  # fmt: skip

@@ -9,7 +9,8 @@ import pytest
 import legato.cost
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.collectives import collective_time, ideal_time
-from legato.cost.nccl import fit_collective_model, read_nccl_tests
+from legato.cost.link_fit import fit_collective_model
+from legato.cost.nccl import read_nccl_tests
 from legato.errors import DataError
 from legato.specs import Link
 
@@ -71,7 +72,7 @@ def test_fit_reproduces_measured_nccl_all_reduce():
         errors = [
             abs(collective_time("all_reduce", m.nbytes, p, NVLINK) / m.seconds - 1)
             for m in measurements
-            if m.p == p
+            if m.ranks == p
         ]
         assert sum(errors) / len(errors) < 0.10, p
         assert sorted(errors)[int(0.9 * len(errors))] < 0.15, p

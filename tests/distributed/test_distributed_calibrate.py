@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from legato.calibrate.cluster_file import read_measurement
 from legato.cli import main as cli
 from legato.cost.collectives import COLLECTIVES
 from legato.specs import load_cluster
-from legato.train.calibrate_cluster import read_measurement
 
 pytestmark = pytest.mark.distributed
 

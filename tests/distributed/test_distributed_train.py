@@ -1,6 +1,6 @@
 """`legato train` with 2 real gloo processes: FSDP2 equals 1 process, exact resume, bad input.
 
-Every launch goes through the command line exactly as a user runs it (the elastic launcher
+Every launch goes through the command line exactly as a user runs it (legato.parallel.launch
 starting ``python -m legato.cli.main train`` twice), on a model small enough that one
 launch takes a few seconds.
 """

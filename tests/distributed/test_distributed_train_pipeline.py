@@ -22,10 +22,11 @@ from test_distributed_train import _launch, _losses
 
 from legato.models import build_model
 from legato.parallel.pipeline import token_cross_entropy
+from legato.parallel.process_group import join
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 from legato.train.config import load_config
-from legato.train.distributed import init_distributed, use_pipeline_mesh
+from legato.train.distributed import use_pipeline_mesh
 from legato.train.pipeline_step import PipelineStep
 from legato.train.trainer import Trainer, TrainResult
 
@@ -69,7 +70,7 @@ def _gradient_sum_case(rank: int) -> dict:
     ref_loss = token_cross_entropy(reference(ids), labels) / (labels != -100).sum()
     ref_loss.backward()
     ref_norm = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()])
-    ctx = init_distributed("gloo", "cpu")
+    ctx = join("gloo", "cpu")
     use_pipeline_mesh(ctx, 1)
     model = build_model(spec, seed=3)
     step = PipelineStep(model, Strategy(pp=1, dp=2, mbs=2, gbs=8, dtype="fp32"), ctx)

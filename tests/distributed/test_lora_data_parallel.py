@@ -8,6 +8,8 @@ split, and compares per-task losses and adapter weights.
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -20,7 +22,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lora"))  # tests h
 from lora_fixtures import SPEC, synthetic_stream, task
 
 from legato.lora import MultiLoraModel, MultiTaskTrainer, PackingScheduler
+from legato.lora.config import load_finetune_config
 from legato.lora.data_parallel import DataParallel
+from legato.lora.runner import finetune
 from legato.models import build_model
 
 pytestmark = pytest.mark.distributed
@@ -88,3 +92,51 @@ def test_groups_cover_the_step_in_an_overlap_order() -> None:
     groups = dp.groups([64, 32, 32, 64], [100, 400, 100, 100])
     assert sorted(i for g in groups for i in g) == [0, 1, 2, 3] and len(groups) == 2
     assert DataParallel(fused_groups=3).groups([64], [10]) == [[0]]
+
+
+FINETUNE_TOML = """
+[base]
+preset = "tiny"
+overrides = {hidden_size = 32, num_layers = 1, num_heads = 2, ffn_hidden_size = 64, vocab_size = 258, seq_len = 64}
+[run]
+device = "cpu"
+[schedule]
+max_tokens_per_step = 256
+profile = false
+[task_defaults]
+steps = 3
+batch_size = 4
+seq_len = 32
+rank = 2
+[[tasks]]
+name = "sums"
+data = "sums.jsonl"
+"""
+
+
+def _step_losses(output: Path) -> list[float]:
+    return [
+        json.loads(line)["loss"] for line in (output / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+def test_finetune_command_launches_run_nproc_processes(tmp_path: Path) -> None:
+    """``legato finetune --run.nproc=2`` starts 2 data-parallel workers itself: the same
+    losses as one process, one adapter and one report line (rank 0's)."""
+    lines = [{"prompt": f"{i}+{i}=", "response": str(2 * i)} for i in range(60)]
+    (tmp_path / "sums.jsonl").write_text("\n".join(map(json.dumps, lines)), encoding="utf-8")
+    config = tmp_path / "finetune.toml"
+    config.write_text(FINETUNE_TOML, encoding="utf-8")
+    two = tmp_path / "two"
+    command = [sys.executable, "-m", "legato.cli.main", "finetune", str(config)]
+    proc = subprocess.run(
+        [*command, "--run.nproc=2", f"--run.output_dir={two}"],
+        capture_output=True, text=True, timeout=240,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count(f"sums: {two / 'sums'}") == 1
+    assert (two / "sums" / "adapter_model.safetensors").is_file()
+    finetune(load_finetune_config(config, [f"--run.output_dir={tmp_path / 'one'}"]))
+    want = _step_losses(tmp_path / "one")
+    assert len(want) == 3
+    assert _step_losses(two) == pytest.approx(want, abs=TOLERANCE, rel=0)

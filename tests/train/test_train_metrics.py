@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from legato.train.device_peak import peak_flops
+from legato.calibrate.device_peak import peak_flops
 from legato.train.metrics import (
     MetricsLog,
     StepMetrics,

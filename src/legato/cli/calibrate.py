@@ -1,7 +1,7 @@
 """``legato calibrate [--nproc N] [--out FILE] [--quick] [--json]``: measure this host.
 
 Measures matmul throughput by shape, memory bandwidth, fused attention and the gloo
-collectives between ``N`` processes (``legato.train.calibrate``), and writes a cluster
+collectives between ``N`` processes (``legato.calibrate``), and writes a cluster
 file that ``legato predict/plan --cluster FILE`` and ``load_cluster(FILE)`` read, with
 the raw measurements beside it. Progress goes to stderr; stdout gets a summary, or JSON.
 """
@@ -33,8 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from legato.train.calibrate import calibrate
-    from legato.train.calibrate_cluster import side_path, write_cluster_file
+    from legato.calibrate.cluster_file import side_path, write_cluster_file
+    from legato.calibrate.host import calibrate
 
     measurement = calibrate(args.nproc, quick=args.quick)
     path = write_cluster_file(measurement, args.out)

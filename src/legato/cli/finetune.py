@@ -2,12 +2,19 @@
 
 All tasks of the config share one frozen base model; their tokens are fused into each
 forward and backward (see docs/lora.md). Each task's adapter is saved in PEFT's format
-under ``run.output_dir/<task name>/`` when the task finishes.
+under ``run.output_dir/<task name>/`` when the task finishes. With ``run.nproc`` > 1 (and
+no torchrun around it) the command launches that many data-parallel copies of itself on
+this host (``legato.parallel.launch``).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from legato.lora.config import FinetuneConfig
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,9 +31,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     from legato.lora.config import load_finetune_config
+    from legato.parallel.launch import launch, report_errors
+
+    config = load_finetune_config(args.config, extra)
+    if config.run.nproc > 1 and "LOCAL_RANK" not in os.environ:
+        return launch(config.run.nproc, ["-m", "legato.cli.main", "finetune", args.config, *extra])
+    return report_errors(lambda: _finetune(config))
+
+
+def _finetune(config: FinetuneConfig) -> int:
     from legato.lora.runner import finetune
 
-    saved = finetune(load_finetune_config(args.config, extra))
+    saved = finetune(config)
     for name, path in saved.items():
         print(f"{name}: {path}")
     return 0

@@ -5,7 +5,7 @@ of these numbers. They are global: no constant belongs to one model or one publi
 
 * Collective constants: least squares on the relative error of the measured A100 NCCL
   all-reduce (``cost/data/a100_nccl_allreduce_{2,4,8}gpu.txt``), by
-  ``legato.cost.nccl.fit_collective_model``; ``tests/cost/test_cost_collectives.py``
+  ``legato.cost.link_fit.fit_collective_model``; ``tests/cost/test_cost_collectives.py``
   checks that they are that fit.
 * Compute constants (``peak_fraction*``, ``gemm_half_dim``, ``attention_fraction``,
   ``memory_bw_fraction``): a grid search minimising the mean over source tables of each

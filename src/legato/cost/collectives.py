@@ -12,7 +12,7 @@ and a tensor of ``nbytes``:
 
 Measured NCCL sits below this ideal: each call pays a launch latency and reaches only a
 fraction of the link bandwidth. Both come from ``Calibration`` (fitted on measured A100
-all-reduce, see ``legato.cost.nccl``) and apply to every link level alike.
+all-reduce, see ``legato.cost.link_fit``) and apply to every link level alike.
 """
 
 from __future__ import annotations

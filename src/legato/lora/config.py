@@ -118,10 +118,12 @@ class RunSection:
     tokenizer: str = "byte"  # 'byte' or a tokenizer.json path
     seed: int = 0  # base weights when base.weights is empty
     log_every: int = 10  # plain progress line every N steps of a task
+    nproc: int = 1  # data-parallel processes launched on this host (not under torchrun)
 
     def __post_init__(self) -> None:
         _require(bool(self.output_dir), "run.output_dir", "a directory path", self.output_dir)
         _require(self.log_every >= 1, "run.log_every", ">= 1", self.log_every)
+        _require(self.nproc >= 1, "run.nproc", ">= 1", self.nproc)
 
 
 @dataclass

@@ -17,37 +17,18 @@ exploits is between groups.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 from itertools import pairwise
 from typing import TypeVar
 
-import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from legato.errors import ConfigError
 from legato.lora.subgraph_order import SubGraph, group_subgraphs, order_subgraphs
+from legato.parallel.process_group import PendingReduce, all_reduce_flat, broadcast_object
 
 T = TypeVar("T")
-
-
-@dataclass
-class PendingReduce:
-    """An all-reduce in flight over one flat buffer; ``wait`` writes the sums back."""
-
-    tensors: list[Tensor]
-    flat: Tensor
-    work: dist.Work | None
-
-    def wait(self) -> None:
-        if self.work is not None:
-            self.work.wait()
-        for tensor, chunk in zip(
-            self.tensors, self.flat.split([t.numel() for t in self.tensors]), strict=True
-        ):
-            tensor.copy_(chunk.view_as(tensor))
 
 
 class DataParallel:
@@ -59,7 +40,6 @@ class DataParallel:
             raise ValueError(f"fused_groups must be >= 1, got {fused_groups}")
         self.group = group
         self.fused_groups = fused_groups
-        self.owns_group = False  # joined by join_torchrun, so left by close()
         active = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank(group) if active else 0
         self.world = dist.get_world_size(group) if active else 1
@@ -102,38 +82,11 @@ class DataParallel:
 
     def reduce_async(self, tensors: list[Tensor]) -> PendingReduce:
         """Start summing ``tensors`` over the ranks (nothing to do on one rank)."""
-        if self.world == 1 or not tensors:  # (no task of the group finished its batch)
-            return PendingReduce([], torch.empty(0), None)
-        flat = torch.cat([t.detach().reshape(-1).float() for t in tensors])
-        work = dist.all_reduce(flat, group=self.group, async_op=True)
-        return PendingReduce(tensors, flat, work)
+        if self.world == 1:
+            return all_reduce_flat([])
+        return all_reduce_flat(tensors, self.group, async_op=True)
 
     def same_on_all(self, obj: T) -> T:
         """Rank 0's ``obj`` on every rank (e.g. a scheduler built from local timings,
         which must plan identical steps everywhere or the collectives would not match)."""
-        if self.world == 1:
-            return obj
-        box = [obj]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
-
-    def close(self) -> None:
-        if self.owns_group and dist.is_initialized():
-            dist.destroy_process_group()
-
-
-def join_torchrun(device: torch.device) -> tuple[DataParallel | None, torch.device]:
-    """Under torchrun (``WORLD_SIZE`` > 1): join the default process group, one GPU per
-    local rank; otherwise nothing to join. Returns the data parallelism and the device."""
-    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
-        return None, device
-    if device.type == "cuda":
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        device = torch.device("cuda", local % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    owns = not dist.is_initialized()
-    if owns:
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
-    dp = DataParallel()
-    dp.owns_group = owns
-    return dp, device
+        return obj if self.world == 1 else broadcast_object(obj, self.group)

@@ -3,8 +3,9 @@
 Everything a user can get wrong (the base model, its weights, the tokenizer, each task's
 data file, target modules and sizes) is checked before the first step, so a bad task
 stops the run before anything is written and adapters saved by earlier runs stay as they
-are. Per-task step records go to ``<output_dir>/metrics.jsonl``. Under torchrun every
-process trains its share of each batch (``lora/data_parallel.py``); rank 0 writes.
+are. Per-task step records go to ``<output_dir>/metrics.jsonl``. Under torchrun (or
+``run.nproc`` > 1: ``legato.parallel.launch``) every process trains its share of each
+batch (``lora/data_parallel.py``); rank 0 writes.
 """
 
 from __future__ import annotations
@@ -17,13 +18,12 @@ from pathlib import Path
 from typing import TextIO
 
 import torch
-import torch.distributed as dist
 
 from legato.data.tokenizer import load_tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.lora.adapter import AdapterShape, resolve_targets
 from legato.lora.config import FinetuneConfig, ScheduleSection, TaskSection
-from legato.lora.data_parallel import DataParallel, join_torchrun
+from legato.lora.data_parallel import DataParallel
 from legato.lora.packed_model import MultiLoraModel
 from legato.lora.profile import (
     activation_bytes_per_token,
@@ -36,16 +36,9 @@ from legato.lora.scheduler import PackingScheduler
 from legato.lora.task_data import TaskStream, read_task_stream
 from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
 from legato.models import build_model, load_safetensors
+from legato.parallel.process_group import process_group
 
 _PROFILE_POINTS = 6
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("run.device: 'cuda' was asked for but no GPU is available")
-    return torch.device(name)
 
 
 def build_backbone(config: FinetuneConfig, device: torch.device) -> MultiLoraModel:
@@ -104,15 +97,9 @@ def build_packing_scheduler(
 
 def finetune(config: FinetuneConfig, stream: TextIO | None = None) -> dict[str, Path]:
     """Train every task of ``config``; returns each task's adapter folder."""
-    dp, device = join_torchrun(resolve_device(config.run.device))
-    try:
-        adapters = _finetune(config, device, dp, stream)
-        if dp is not None and dp.world > 1:
-            dist.barrier()  # no rank tears the group down while a peer still uses it
-        return adapters
-    finally:
-        if dp is not None:
-            dp.close()
+    with process_group(device=config.run.device, where="run.device") as ctx:
+        dp = DataParallel() if ctx.distributed else None
+        return _finetune(config, ctx.device, dp, stream)
 
 
 def _finetune(

@@ -146,3 +146,16 @@ def read_table_file(path: str | Path, error: type[LegatoError] = LegatoError) ->
     if not isinstance(data, dict):
         raise error(f"{path}: expected a table at the top level")
     return data
+
+
+def toml_literal(value: Any) -> str:
+    """``value`` (a bool, number, string, list or table) as a TOML literal."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float, str)):
+        return json.dumps(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"no TOML literal for {value!r}")

@@ -20,9 +20,10 @@ from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
 
 from legato.memory import ActivationSwap
 from legato.moe import Overlap, apply_expert_parallel, expert_parameters
+from legato.parallel.process_group import DistContext
 from legato.precision import convert_to_fp8
 from legato.specs.strategy import Strategy
-from legato.train.distributed import DistContext, unwrap, wrap_model
+from legato.train.distributed import unwrap, wrap_model
 
 FP8_DTYPES = ("fp8", "fp8-rowwise")
 

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.state_dict import (
 import legato
 from legato.atomic import write_text_atomic
 from legato.errors import CheckpointError
-from legato.train.distributed import DistContext
+from legato.parallel.process_group import DistContext
 from legato.train.rng import capture_rng, restore_rng
 
 FORMAT_VERSION = 2  # 2: optimizer state flattened to one key per parameter

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 import sys
 import time
 from dataclasses import dataclass, field
@@ -20,7 +19,7 @@ from typing import Any, Literal
 
 from legato.errors import ConfigError, SpecError
 from legato.specs.model import ModelSpec
-from legato.specs.typed import from_dict, read_table_file, to_dict
+from legato.specs.typed import from_dict, read_table_file, to_dict, toml_literal
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -334,15 +333,3 @@ def render_toml(config: TrainConfig | None = None, header: str = "") -> str:
             lines.append(f"# {f.metadata['doc']}")
             lines.append(f"{f.name} = {toml_literal(getattr(value, f.name))}")
     return "\n".join(lines) + "\n"
-
-
-def toml_literal(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
-        return json.dumps(value)
-    if isinstance(value, (list, tuple)):
-        return "[" + ", ".join(toml_literal(v) for v in value) + "]"
-    if isinstance(value, dict):
-        return "{" + ", ".join(f"{k} = {toml_literal(v)}" for k, v in value.items()) + "}"
-    raise TypeError(f"no TOML literal for {value!r}")

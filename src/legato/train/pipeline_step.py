@@ -28,8 +28,8 @@ from torch import Tensor, nn
 
 from legato.models.transformer import Transformer
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
+from legato.parallel.process_group import DistContext, all_reduce_flat
 from legato.specs.strategy import Strategy
-from legato.train.distributed import DistContext
 from legato.train.strategy import pipeline_schedule
 
 
@@ -94,11 +94,7 @@ class PipelineStep:
         for p in self.params:
             if p.grad is None:  # every replica must send the same layout
                 p.grad = torch.zeros_like(p)
-        grads = [p.grad for p in self.params]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self.dp_group)
-        for g, part in zip(grads, flat.split([g.numel() for g in grads]), strict=True):
-            g.copy_(part.view_as(g))
+        all_reduce_flat([p.grad for p in self.params], self.dp_group).wait()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""

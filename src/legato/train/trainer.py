@@ -26,25 +26,19 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from legato.calibrate.device_peak import peak_flops
 from legato.cost.flops import training_flops_per_token
 from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prepare_tokens
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.models import build_model
 from legato.moe import end_step
+from legato.parallel.process_group import DistContext, process_group
 from legato.precision.fsdp_fp8 import enable_fp8_all_gather
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train.apply_strategy import compute_dtype, data_parallel, to_fp8
 from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
-from legato.train.device_peak import peak_flops
-from legato.train.distributed import (
-    DistContext,
-    gradient_sync,
-    init_distributed,
-    shutdown,
-    unwrap,
-    use_pipeline_mesh,
-)
+from legato.train.distributed import gradient_sync, unwrap, use_pipeline_mesh
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
     MetricsLog,
@@ -88,13 +82,8 @@ class Trainer:
             )
 
     def fit(self) -> TrainResult:
-        ctx = init_distributed(self.config.parallel.backend, self.config.train.device)
-        try:
-            result = self._fit(ctx)
-            ctx.barrier()  # no rank tears the process group down while a peer still uses it
-            return result
-        finally:
-            shutdown(ctx)
+        with process_group(self.config.parallel.backend, self.config.train.device) as ctx:
+            return self._fit(ctx)
 
     # ------------------------------------------------------------------ set-up
 

@@ -9,28 +9,24 @@ from pathlib import Path
 
 import pytest
 
-from legato.cli import main as cli
-from legato.cost.calibration import calibration_beside
-from legato.cost.collectives import collective_time
-from legato.cost.compute import DeviceModel, Gemm
-from legato.errors import ConfigError
-from legato.specs import load_cluster
-from legato.train.calibrate import Measurement
-from legato.train.calibrate_cluster import (
+from legato.calibrate.cluster_file import (
     DEVICE_NAME,
     measured_calibration,
     read_measurement,
     side_path,
     write_cluster_file,
 )
-from legato.train.calibrate_comm import CommTiming, LinkFit, fit_alpha_beta
-from legato.train.calibrate_compute import (
-    GEMM_SHAPES,
-    GemmFit,
-    GemmTiming,
-    fit_gemm_rate,
-    fit_nonnegative,
-)
+from legato.calibrate.host import Measurement
+from legato.calibrate.matmul import GEMM_SHAPES
+from legato.cli import main as cli
+from legato.cost.calibration import calibration_beside
+from legato.cost.collectives import collective_time
+from legato.cost.compute import DeviceModel, Gemm
+from legato.cost.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
+from legato.cost.least_squares import fit_nonnegative
+from legato.cost.link_fit import CommTiming, LinkFit, fit_alpha_beta
+from legato.errors import ConfigError
+from legato.specs import load_cluster
 
 PEAK, HALF_DIM = 150e9, 24.0  # FLOP/s and elements of a synthetic CPU
 ALPHA, BETA = 80e-6, 2.5e9  # seconds per ring step and bytes/s of a synthetic link

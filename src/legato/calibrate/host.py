@@ -1,11 +1,12 @@
 """``legato calibrate``: measure this host as its training processes see it.
 
-``calibrate(nproc)`` starts ``nproc`` processes (torch.multiprocessing spawn, gloo), each
+``calibrate(nproc)`` starts ``nproc`` processes (``legato.parallel.launch``, gloo), each
 with the thread count the trainer would give it (``cores / nproc``). Together they
 measure compute at the same time, so they share cores, caches and memory bandwidth as in
-training (``calibrate_compute``), then the collectives between them (``calibrate_comm``).
-``calibrate_cluster`` turns the ``Measurement`` into a cluster file and the cost model's
-constants for it.
+training (``calibrate.matmul``, ``calibrate.compute``), then the collectives between them
+(``calibrate.link``); ``cost.gemm_fit`` and ``cost.link_fit`` fit the cost model's laws
+to the timings. ``calibrate.cluster_file`` turns the ``Measurement`` into a cluster file
+and the cost model's constants for it.
 """
 
 from __future__ import annotations
@@ -25,10 +26,13 @@ from typing import Any
 
 import torch
 
+from legato.calibrate import compute, link, matmul
+from legato.cost.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
+from legato.cost.link_fit import CommTiming, LinkFit, fit_alpha_beta
 from legato.errors import ConfigError
+from legato.parallel.launch import INTERRUPTED, launch
+from legato.parallel.process_group import process_group, set_threads
 from legato.specs.typed import from_dict
-from legato.train import calibrate_comm as comm
-from legato.train import calibrate_compute as compute
 
 
 @dataclass(frozen=True)
@@ -49,26 +53,26 @@ class Budget:
 
 
 FULL = Budget(
-    gemm_shapes=compute.GEMM_SHAPES,
+    gemm_shapes=matmul.GEMM_SHAPES,
     gemm_s=4.0,
     bf16_s=2.0,
-    cold_bytes=compute.COLD_BYTES,
+    cold_bytes=matmul.COLD_BYTES,
     memory_s=2.0,
     attention_shapes=compute.ATTENTION_SHAPES,
     attention_s=2.0,
-    comm_sizes=comm.SIZES,
+    comm_sizes=link.SIZES,
     comm_s=5.0,
     repeats=5,
 )
 QUICK = Budget(
-    gemm_shapes=compute.QUICK_GEMM_SHAPES,
+    gemm_shapes=matmul.QUICK_GEMM_SHAPES,
     gemm_s=0.5,
     bf16_s=0.3,
-    cold_bytes=compute.COLD_BYTES // 4,
+    cold_bytes=matmul.COLD_BYTES // 4,
     memory_s=0.4,
     attention_shapes=compute.ATTENTION_SHAPES[:1],
     attention_s=0.3,
-    comm_sizes=comm.QUICK_SIZES,
+    comm_sizes=link.QUICK_SIZES,
     comm_s=0.8,
     repeats=3,
 )
@@ -87,28 +91,20 @@ class Measurement:
     threads: int
     quick: bool
     host: str
-    gemm: list[compute.GemmTiming]
-    gemm_fit: compute.GemmFit
-    bf16_gemm: list[compute.GemmTiming]
+    gemm: list[GemmTiming]
+    gemm_fit: GemmFit
+    bf16_gemm: list[GemmTiming]
     bf16_peak_flops: float
     copy_bandwidth: float
     elementwise_bandwidth: float
     parallel_overhead_s: float
     attention_rate: float
-    comm: list[comm.CommTiming] = field(default_factory=list)
-    link: comm.LinkFit | None = None
+    comm: list[CommTiming] = field(default_factory=list)
+    link: LinkFit | None = None
     seconds: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
-
-
-def _set_threads(nproc: int) -> int:
-    """The trainer's thread count for ``nproc`` processes on this host (imported late:
-    ``train.distributed`` pulls in FSDP, a second of start-up for each process)."""
-    from legato.train.distributed import set_threads
-
-    return set_threads(nproc)
 
 
 def _cpu_name() -> str:
@@ -138,13 +134,13 @@ def _measure_compute(budget: Budget, say: Callable[[str], None]) -> dict[str, An
     say(f"GEMM fp32, {len(budget.gemm_shapes)} shapes, {threads} thread(s) per process")
     r = budget.repeats
     cold = budget.cold_bytes
-    gemm = compute.measure_gemms(budget.gemm_shapes, "fp32", budget.gemm_s, r, cold)
+    gemm = matmul.measure_gemms(budget.gemm_shapes, "fp32", budget.gemm_s, r, cold)
     probe = (512, 512, 512)
-    (bf16_probe,) = compute.measure_gemms([probe], "bf16", budget.bf16_s / 4, r, cold)
-    bf16: list[compute.GemmTiming] = []
-    if bf16_probe.rate >= BF16_MIN_SHARE * compute.fit_gemm_rate(gemm).rate(*probe):
+    (bf16_probe,) = matmul.measure_gemms([probe], "bf16", budget.bf16_s / 4, r, cold)
+    bf16: list[GemmTiming] = []
+    if bf16_probe.rate >= BF16_MIN_SHARE * fit_gemm_rate(gemm).rate(*probe):
         say(f"GEMM bf16, {len(budget.gemm_shapes)} shapes")
-        bf16 = compute.measure_gemms(budget.gemm_shapes, "bf16", budget.bf16_s * 3 / 4, r, cold)
+        bf16 = matmul.measure_gemms(budget.gemm_shapes, "bf16", budget.bf16_s * 3 / 4, r, cold)
     else:
         say(f"GEMM bf16 skipped: {bf16_probe.rate / 1e9:.1f} GFLOP/s at 512^3 (emulated)")
     say("memory: copy and elementwise bandwidth, multi-threaded kernel overhead")
@@ -173,14 +169,12 @@ def _combine(
     def mean(key: str) -> float:
         return statistics.fmean(r[key] for r in per_rank)
 
-    def timings(key: str, dtype: str) -> list[compute.GemmTiming]:
+    def timings(key: str, dtype: str) -> list[GemmTiming]:
         if not per_rank[0][key]:
             return []
         seconds = [statistics.fmean(s) for s in zip(*(r[key] for r in per_rank), strict=True)]
         shapes = budget.gemm_shapes
-        return [
-            compute.GemmTiming(*shape, dtype, t) for shape, t in zip(shapes, seconds, strict=True)
-        ]
+        return [GemmTiming(*shape, dtype, t) for shape, t in zip(shapes, seconds, strict=True)]
 
     gemm, bf16 = timings("gemm", "fp32"), timings("bf16", "bf16")
     return Measurement(
@@ -189,9 +183,9 @@ def _combine(
         quick=quick,
         host=_cpu_name(),
         gemm=gemm,
-        gemm_fit=compute.fit_gemm_rate(gemm),
+        gemm_fit=fit_gemm_rate(gemm),
         bf16_gemm=bf16,
-        bf16_peak_flops=compute.fit_gemm_rate(bf16).peak_flops if bf16 else mean("bf16_probe"),
+        bf16_peak_flops=fit_gemm_rate(bf16).peak_flops if bf16 else mean("bf16_probe"),
         copy_bandwidth=mean("copy"),
         elementwise_bandwidth=mean("elementwise"),
         parallel_overhead_s=mean("parallel_overhead"),
@@ -199,37 +193,7 @@ def _combine(
     )
 
 
-def _worker(
-    rank: int, nproc: int, store: str, quick: bool, verbose: bool, start: float, out: str
-) -> None:
-    """One spawned process: join the group, measure compute with the others, then comm."""
-    import torch.distributed as dist
-
-    budget = QUICK if quick else FULL
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=nproc)
-    try:
-        _set_threads(nproc)
-        dist.barrier()
-        say = _reporter(verbose and rank == 0, start)
-        figures = _measure_compute(budget, say)
-        say(f"collectives between {nproc} processes, {len(budget.comm_sizes)} sizes each")
-        timings = comm.measure_collectives(budget.comm_sizes, budget.comm_s, repeats=budget.repeats)
-        for timing in timings:
-            say(comm_line(timing))
-        gathered: list[Any] = [None] * nproc
-        dist.all_gather_object(gathered, figures)
-        if rank == 0:
-            measurement = _combine(gathered, budget, nproc, quick)
-            measurement = dataclasses.replace(
-                measurement, comm=timings, link=comm.fit_alpha_beta(timings)
-            )
-            Path(out).write_text(json.dumps(measurement.to_dict()), encoding="utf-8")
-        dist.barrier()  # no rank tears gloo down while another is still using it
-    finally:
-        dist.destroy_process_group()
-
-
-def comm_line(t: comm.CommTiming) -> str:
+def comm_line(t: CommTiming) -> str:
     """One collective's timing as a progress / comment line."""
     return f"  {t.kind:<14} {t.nbytes / 1024:>8.0f} KiB  {t.seconds * 1e6:>9.1f} us"
 
@@ -243,20 +207,49 @@ def calibrate(nproc: int = 2, *, quick: bool = False, verbose: bool = True) -> M
     say = _reporter(verbose, time.time())
     if nproc == 1:
         previous = torch.get_num_threads()
-        _set_threads(1)
+        set_threads(1)
         try:
             figures = _measure_compute(budget, say)
         finally:
             torch.set_num_threads(previous)
         measurement = _combine([figures], budget, 1, quick)
     else:
-        import torch.multiprocessing as mp
-
         say(f"starting {nproc} processes")
         with tempfile.TemporaryDirectory(prefix="legato-calibrate-") as tmp:
             out = os.path.join(tmp, "measurement.json")
-            args = (nproc, os.path.join(tmp, "store"), quick, verbose, time.time(), out)
-            mp.spawn(_worker, args=args, nprocs=nproc, join=True)
+            args = [str(int(quick)), str(int(verbose)), repr(time.time()), out]
+            code = launch(nproc, ["-m", "legato.calibrate.host", *args])
+            if code == INTERRUPTED:
+                raise KeyboardInterrupt
+            if code:
+                raise SystemExit(code)  # the launcher said which worker failed, and how
             data = json.loads(Path(out).read_text(encoding="utf-8"))
         measurement = from_dict(Measurement, data, "measurement", ConfigError)
     return dataclasses.replace(measurement, seconds=time.perf_counter() - started)
+
+
+def _worker(quick: bool, verbose: bool, start: float, out: str) -> None:
+    """One launched process: measure compute with the others, then the collectives."""
+    budget = QUICK if quick else FULL
+    with process_group("gloo", "cpu") as ctx:  # its thread count: cores / nproc
+        ctx.barrier()
+        say = _reporter(verbose and ctx.is_main, start)
+        figures = _measure_compute(budget, say)
+        say(f"collectives between {ctx.world_size} processes, {len(budget.comm_sizes)} sizes each")
+        timings = link.measure_collectives(budget.comm_sizes, budget.comm_s, repeats=budget.repeats)
+        for timing in timings:
+            say(comm_line(timing))
+        gathered = ctx.all_gather_object(figures)
+        if ctx.is_main:
+            measurement = _combine(gathered, budget, ctx.world_size, quick)
+            measurement = dataclasses.replace(
+                measurement, comm=timings, link=fit_alpha_beta(timings)
+            )
+            Path(out).write_text(json.dumps(measurement.to_dict()), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    try:
+        _worker(sys.argv[1] == "1", sys.argv[2] == "1", float(sys.argv[3]), sys.argv[4])
+    except KeyboardInterrupt:  # Ctrl-C: the parent says so, once
+        sys.exit(INTERRUPTED)

@@ -21,12 +21,11 @@ from pathlib import Path
 from typing import Any
 
 from legato.atomic import write_text_atomic
+from legato.calibrate.host import Measurement, comm_line
 from legato.cost.calibration import CALIBRATION, Calibration, side_path
 from legato.errors import ConfigError, SpecError
 from legato.specs.registry import load_cluster
-from legato.specs.typed import from_dict, read_table_file
-from legato.train.calibrate import Measurement, comm_line
-from legato.train.config import toml_literal
+from legato.specs.typed import from_dict, read_table_file, toml_literal
 
 DEVICE_NAME = "cpu-measured"
 NOMINAL_CLUSTER = "local-cpu"  # its link stands in when one process has no peer to measure

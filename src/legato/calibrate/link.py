@@ -1,76 +1,27 @@
-"""Measure the collectives between this host's processes and fit their alpha-beta link.
+"""Measure the collectives between this host's processes (``cost.link_fit`` fits them).
 
 Run inside an initialised process group (gloo on CPUs): every collective a training step
 issues (all-reduce, all-gather, reduce-scatter, all-to-all) and a point-to-point
 ping-pong, at a few message sizes. A trial is timed on every rank and counts as its
 slowest rank's time (a collective is over when the last rank is done); each figure is
-the median of a few trials. ``fit_alpha_beta`` then fits the cost model's link
-(``cost.collectives``): ``time = steps x latency + wire_bytes / bandwidth``, where the
-steps and the bytes each device sends come from the same ring formulas the planner uses,
-so the fitted link is what the planner's collective times need.
+the median of a few trials.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import statistics
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from legato.cost.collectives import COLLECTIVES, steps_and_wire_bytes
-from legato.train.calibrate_compute import calls_per_trial, fit_nonnegative
+from legato.calibrate.timing import calls_per_trial
+from legato.cost.collectives import COLLECTIVES
+from legato.cost.link_fit import CommTiming
 
 SIZES: tuple[int, ...] = (4 << 10, 32 << 10, 256 << 10, 2 << 20, 8 << 20)
 QUICK_SIZES: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20)
-
-
-@dataclass(frozen=True)
-class CommTiming:
-    """Median seconds of one ``kind`` collective of ``nbytes`` over ``ranks`` processes;
-    ``nbytes`` as in ``cost.collectives`` (the gathered tensor for all-gather and
-    reduce-scatter, one rank's buffer for all-to-all, one message for p2p)."""
-
-    kind: str
-    nbytes: int
-    ranks: int
-    seconds: float
-
-    @property
-    def steps_and_wire(self) -> tuple[int, float]:
-        return steps_and_wire_bytes(self.kind, self.nbytes, self.ranks)
-
-
-@dataclass(frozen=True)
-class LinkFit:
-    """``latency_s`` per ring step and ``bandwidth`` (bytes/s each device sends); ``error``
-    is the mean relative error of the fit over the timings it was fitted on."""
-
-    latency_s: float
-    bandwidth: float
-    error: float
-
-    def time(self, kind: str, nbytes: float, ranks: int) -> float:
-        steps, wire = steps_and_wire_bytes(kind, nbytes, ranks)
-        return steps * self.latency_s + wire / self.bandwidth
-
-
-def fit_alpha_beta(timings: Sequence[CommTiming]) -> LinkFit:
-    """Fit ``seconds = steps x alpha + wire / beta``, linear in ``(alpha, 1/beta)`` (when
-    the latency hides the bytes entirely, the best rate seen stands for beta)."""
-    alpha, inv_beta = fit_nonnegative(
-        [x.steps_and_wire for x in timings], [x.seconds for x in timings]
-    )
-    if inv_beta <= 0:  # latency hides the bytes entirely: the best rate seen
-        inv_beta = min(x.seconds / x.steps_and_wire[1] for x in timings if x.nbytes)
-    fit = LinkFit(alpha, 1.0 / inv_beta, 0.0)
-    error = statistics.fmean(
-        abs(fit.time(x.kind, x.nbytes, x.ranks) / x.seconds - 1) for x in timings
-    )
-    return dataclasses.replace(fit, error=error)
 
 
 def _collective(kind: str, nbytes: int, rank: int, world: int) -> Callable[[], None]:

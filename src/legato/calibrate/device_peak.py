@@ -2,54 +2,20 @@
 
 GPUs have datasheet peaks in the device presets. A CPU has none worth trusting (cores,
 vector width, clocks and thread count all vary), so its peak is measured once with a
-short matrix-multiply calibration, a few hundred milliseconds. It is measured on one
-thread and scaled by the trainer's thread count: a multi-threaded matmul on a shared
-machine measures how often its slowest thread is interrupted, not what the cores can do,
-and the best of a few short trials likewise discounts passing interference.
+short matrix-multiply calibration (``calibrate.matmul.matmul_peak``), a few hundred
+milliseconds. It is measured on one thread and scaled by the trainer's thread count: a
+multi-threaded matmul on a shared machine measures how often its slowest thread is
+interrupted, not what the cores can do.
 """
 
 from __future__ import annotations
 
 import functools
-import time
 
 import torch
 
+from legato.calibrate.matmul import matmul_peak
 from legato.errors import SpecError
-
-_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
-
-
-def measure_matmul_flops(
-    device: torch.device,
-    dtype: str = "fp32",
-    seconds: float = 0.3,
-    size: int = 512,
-    trials: int = 5,
-) -> float:
-    """The best FLOP/s of square ``size`` matmuls over ``trials`` runs of ``seconds / trials``."""
-    a = torch.randn(size, size, device=device, dtype=_DTYPES[dtype])
-    b = torch.randn(size, size, device=device, dtype=_DTYPES[dtype])
-    for _ in range(2):  # warm-up: thread pool, kernel selection
-        torch.mm(a, b)
-    _sync(device)
-    best = 0.0
-    for _ in range(trials):
-        count, start = 0, time.perf_counter()
-        while True:
-            torch.mm(a, b)
-            count += 1
-            _sync(device)
-            elapsed = time.perf_counter() - start
-            if elapsed >= seconds / trials:
-                break
-        best = max(best, 2.0 * size**3 * count / elapsed)
-    return best
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def datasheet_peak(device: torch.device, dtype: str) -> float | None:
@@ -74,7 +40,7 @@ def cpu_peak_flops(dtype: str, threads: int) -> float:
     previous = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return threads * measure_matmul_flops(torch.device("cpu"), dtype)
+        return threads * matmul_peak(torch.device("cpu"), dtype)
     finally:
         torch.set_num_threads(previous)
 
@@ -93,4 +59,4 @@ def peak_flops(device: torch.device, dtype: str) -> tuple[float, str]:
     peak = datasheet_peak(device, "fp8" if fp8 else dtype)
     if peak is not None:
         return peak, "datasheet"
-    return measure_matmul_flops(device, measured_dtype, size=4096), "measured"
+    return matmul_peak(device, measured_dtype, size=4096), "measured"
