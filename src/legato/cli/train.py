@@ -56,18 +56,25 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _run_worker(config: TrainConfig) -> int:
+    """0 when done; 130 (``EXIT_INTERRUPTED``) after a clean stop on SIGINT/SIGTERM, in
+    the loop (checkpointed) or during set-up (rank 0 printed one line); 2 a user error."""
+    from legato.train.interrupt import EXIT_INTERRUPTED, Interrupted
     from legato.train.trainer import Trainer
 
     error_dir = os.environ.get(_ERROR_DIR_ENV)
     try:
-        Trainer(config).fit()
+        result = Trainer(config).fit()
+    except Interrupted as exc:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"legato: {exc}", file=sys.stderr, flush=True)
+        return EXIT_INTERRUPTED
     except LegatoError as exc:
         if not error_dir:
             raise
         rank = os.environ.get("RANK", "0")
         Path(error_dir, f"rank{rank}.txt").write_text(str(exc), encoding="utf-8")
         return 2
-    return 0
+    return EXIT_INTERRUPTED if result.interrupted else 0
 
 
 def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: list[str]) -> int:
@@ -98,8 +105,8 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
             from legato.train.trainer import Trainer
 
             run = dataclasses.replace(config.run, dir=str(run_dir))
-            Trainer(dataclasses.replace(config, run=run)).fit()
-            code = 0
+            result = Trainer(dataclasses.replace(config, run=run)).fit()
+            code = 130 if result.interrupted else 0  # interrupt.EXIT_INTERRUPTED
         else:
             argv = ["-m", "legato.cli.main", "train"]
             argv += [config_path] if config_path else []
