@@ -22,16 +22,6 @@ def _fit(args: list[str]) -> TrainResult:
     return Trainer(load_config(None, args)).fit()
 
 
-@pytest.fixture(scope="module")
-def full_run(
-    small_train_args, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, TrainResult]:
-    """6 uninterrupted steps, a checkpoint every 3 (both kept)."""
-    run = tmp_path_factory.mktemp("full") / "run"
-    result = _fit(small_train_args(run, "--checkpoint.every=3", "--checkpoint.keep=5"))
-    return run, result
-
-
 def test_resume_continues_exactly(full_run, small_train_args, run_dir: Path) -> None:
     full_dir, full = full_run
     step3 = full_dir / "checkpoints" / "step_000003"
