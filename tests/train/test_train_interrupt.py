@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -80,3 +82,20 @@ def test_a_signal_during_set_up_stops_before_anything_is_written(
     assert signal.getsignal(signal.SIGTERM) == before
     assert sorted(p.name for p in run.iterdir()) == []  # no config, metrics or checkpoint
     assert not [p for p in cache.rglob("*") if ".tmp" in p.name]  # atomic writes only
+
+
+def test_the_command_in_one_process_exits_130_after_a_stop(small_train_args, run_dir: Path) -> None:
+    """``legato train --parallel.nproc=1`` trains in its own process: same handlers."""
+    command = [sys.executable, "-m", "legato.cli.main", "train", "--parallel.nproc=1"]
+    args = small_train_args(run_dir, "--train.steps=40")
+    proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    while steps_logged(run_dir) < 2:
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("legato: interrupted at step "), lines
+    assert (run_dir / "summary.json").is_file()
