@@ -147,7 +147,11 @@ def test_format_2_checkpoint_resumes_with_a_note(
     (ckpt / "meta.json").write_text(json.dumps(meta))  # torch's LambdaLR state, as then
     resumed = _fit(small_train_args(tmp_path / "run", f"--checkpoint.resume={ckpt}"))
     assert resumed.losses == full_run[1].losses[3:]
-    assert f"note: {ckpt} predates checkpoint checksums" in capsys.readouterr().out
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resumed from")]
+    assert line.startswith(f"resumed from {ckpt} (step 3); changed: ")
+    assert line.endswith(
+        "; note: this checkpoint predates checksums, only its file sizes were checked"
+    )
 
 
 def test_garbled_shard_with_consistent_sizes(full_run, small_train_args, tmp_path: Path) -> None:

@@ -175,8 +175,7 @@ def read_meta(path: Path) -> dict[str, Any]:
     """The checkpoint's ``meta.json``, after checking every file it lists is whole:
     present, of its recorded size and (format 3) of its recorded sha256.
 
-    Not collective: every file is read once, so a job calls it on one rank and
-    broadcasts the outcome (``Trainer._resume``)."""
+    Not collective, and it reads every byte: a job calls ``read_meta_on_main``."""
     meta_path = path / META
     if not meta_path.is_file():
         raise CheckpointError(
@@ -218,6 +217,21 @@ def read_meta(path: Path) -> dict[str, Any]:
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"{path}: DCP .metadata is unreadable ({_reason(exc)})") from None
     return meta
+
+
+def read_meta_on_main(ctx: DistContext, path: Path) -> dict[str, Any]:
+    """Collective ``read_meta``: rank 0 checks the checkpoint (every byte, once) and every
+    rank gets its verdict, so all raise the same one-line error or none does."""
+    outcome: dict[str, Any] | str | None = None
+    if ctx.is_main:
+        try:
+            outcome = read_meta(path)
+        except CheckpointError as exc:
+            outcome = str(exc)
+    outcome = ctx.broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise CheckpointError(outcome)
+    return outcome
 
 
 def is_verified(meta: dict[str, Any]) -> bool:

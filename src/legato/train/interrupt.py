@@ -12,8 +12,12 @@ from __future__ import annotations
 
 import signal
 import threading
+from pathlib import Path
 from types import FrameType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from legato.train.config import TrainConfig
 
 EXIT_INTERRUPTED = 130
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -63,3 +67,14 @@ class StopSignals:
         self.received = signum
         if not self._deferred:
             raise Interrupted(signum)
+
+
+def stopped_line(step: int, config: TrainConfig, run_dir: Path, checkpoint: Path | None) -> str:
+    """What rank 0 prints after a stop in the loop: where it stopped and how to go on."""
+    where = f"interrupted at step {step}/{config.train.steps}"
+    if checkpoint is None:
+        return f"{where}; nothing saved (checkpoint.every = 0)"
+    again = f"--run.dir={run_dir}"
+    if config.checkpoint.resume != "auto":
+        again += " --checkpoint.resume=auto"
+    return f"{where}; checkpoint {checkpoint} saved; to resume, rerun with {again}"

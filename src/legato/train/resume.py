@@ -27,6 +27,7 @@ from typing import Any
 
 from legato.atomic import write_text_atomic
 from legato.errors import CheckpointError
+from legato.train.checkpoint import is_verified
 from legato.train.config import OptimSection, TrainConfig, render_toml
 from legato.train.optim import ScheduleSegment
 
@@ -106,8 +107,16 @@ def refuse_fixed(changes: dict[str, list[Any]], path: Path) -> None:
             )
 
 
-def describe_changes(changes: dict[str, list[Any]]) -> str:
-    return ", ".join(f"{key} {old!r} -> {new!r}" for key, (old, new) in changes.items())
+def resumed_line(path: Path, step: int, changes: dict[str, list[Any]], meta: dict[str, Any]) -> str:
+    """``resumed from <path> (step N); changed: optim.lr 0.003 -> 0.01, ...``."""
+    line = f"resumed from {path} (step {step})"
+    if changes:
+        line += "; changed: " + ", ".join(
+            f"{k} {old!r} -> {new!r}" for k, (old, new) in changes.items()
+        )
+    if not is_verified(meta):
+        line += "; note: this checkpoint predates checksums, only its file sizes were checked"
+    return line
 
 
 def schedule_state(meta: dict[str, Any]) -> dict[str, Any]:

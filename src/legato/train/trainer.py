@@ -47,7 +47,7 @@ from legato.train.distributed import (
     unwrap,
     use_pipeline_mesh,
 )
-from legato.train.interrupt import StopSignals
+from legato.train.interrupt import StopSignals, stopped_line
 from legato.train.layout import compute_dtype, data_parallel, to_fp8
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
@@ -120,17 +120,14 @@ class Trainer:
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
         self.dataset, tokenizer_name = self._load_data()
         self._build(ctx)
-        start, resumed_from, changes, notes = self._resume(run_dir)
+        start, resumed_from, changes, resumed = self._resume(run_dir)
         if ctx.is_main:  # the config as run, with the directory it ran in
             ran = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
             resume.record_invocation(run_dir, ran, start, resumed_from, changes)
         self.progress = Progress(cfg.train.steps, start, cfg.train.log_every, ctx.is_main)
         self.progress.message(self._describe(run_dir, tokenizer_name))
-        if resumed_from is not None:
-            applied = f"; changed: {resume.describe_changes(changes)}" if changes else ""
-            self.progress.message(f"resumed from {resumed_from} (step {start}){applied}")
-        for note in notes:
-            self.progress.message(note)
+        if resumed:
+            self.progress.message(resumed)
         log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
         self.signals.defer()  # from here a signal stops the loop at the next step boundary
         try:
@@ -213,14 +210,14 @@ class Trainer:
         """The model FQNs this rank checkpoints (its stages'); None = the whole model."""
         return self.pipeline.fqns if self.pipeline is not None else None
 
-    def _resume(self, run_dir: Path) -> tuple[int, Path | None, dict[str, list[Any]], list[str]]:
+    def _resume(self, run_dir: Path) -> tuple[int, Path | None, dict[str, list[Any]], str]:
         """Load the checkpoint ``checkpoint.resume`` names, if any: (its step, its path,
-        the config fields this invocation changes, notes to show)."""
+        the config fields this invocation changes, the line that says so)."""
         cfg = self.config
         path = ckpt.find_checkpoint(cfg.checkpoint.resume, run_dir)
         if path is None:
-            return 0, None, {}, []
-        meta = self._verified_meta(path)
+            return 0, None, {}, ""
+        meta = ckpt.read_meta_on_main(self.ctx, path)
         ckpt.check_model_spec(meta, to_dict(self.spec), path)
         changes = resume.config_changes(meta["config"], cfg, self.spec.seq_len)
         resume.refuse_fixed(changes, path)
@@ -232,25 +229,8 @@ class Trainer:
         apply_hyperparameters(self.optimizer, cfg.optim)  # the state carries the old ones
         self.scheduler.load_state_dict(resume.schedule_state(meta))
         self.scheduler.change(cfg.optim, cfg.train.steps)
-        notes = []
-        if not ckpt.is_verified(meta):
-            notes.append(
-                f"note: {path} predates checkpoint checksums; only its file sizes were checked"
-            )
-        return int(meta["step"]), path, changes, notes
-
-    def _verified_meta(self, path: Path) -> dict[str, Any]:
-        """Rank 0 checks the checkpoint (every byte, once); every rank gets its verdict."""
-        outcome: dict[str, Any] | str | None = None
-        if self.ctx.is_main:
-            try:
-                outcome = ckpt.read_meta(path)
-            except CheckpointError as exc:
-                outcome = str(exc)
-        outcome = self.ctx.broadcast_object(outcome)
-        if isinstance(outcome, str):
-            raise CheckpointError(outcome)
-        return outcome
+        step = int(meta["step"])
+        return step, path, changes, resume.resumed_line(path, step, changes, meta)
 
     def _describe(self, run_dir: Path, tokenizer_name: str) -> str:
         cfg, ctx, spec = self.config, self.ctx, self.spec
@@ -408,19 +388,11 @@ class Trainer:
             summary["checkpoint"] = str(latest.parent / latest.read_text().strip())
         write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
         if result.interrupted:
-            print(f"legato: {self._interrupted_text(run_dir, result)}", file=sys.stderr, flush=True)
+            line = stopped_line(result.steps[-1], self.config, run_dir, result.checkpoint)
+            print(f"legato: {line}", file=sys.stderr, flush=True)
         else:
             self.progress.message(_summary_text(summary))
         return summary
-
-    def _interrupted_text(self, run_dir: Path, result: TrainResult) -> str:
-        where = f"interrupted at step {result.steps[-1]}/{self.config.train.steps}"
-        if result.checkpoint is None:
-            return f"{where}; nothing saved (checkpoint.every = 0)"
-        again = f"--run.dir={run_dir}"
-        if self.config.checkpoint.resume != "auto":
-            again += " --checkpoint.resume=auto"
-        return f"{where}; checkpoint {result.checkpoint} saved; to resume, rerun with {again}"
 
 
 def _summary_text(summary: dict[str, Any]) -> str:
