@@ -1,4 +1,5 @@
-"""`legato train` with 2 real gloo processes: FSDP2 equals 1 process, exact resume, bad input.
+"""`legato train` with 2 real gloo processes: FSDP2 equals 1 process, exact resume, bad input,
+a clean stop on SIGTERM.
 
 Every launch goes through the command line exactly as a user runs it (legato.parallel.launch
 starting ``python -m legato.cli.main train`` twice), on a model small enough that one
@@ -8,9 +9,12 @@ launch takes a few seconds.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -79,7 +83,8 @@ def test_corrupt_checkpoint_fails_with_one_line(
     assert proc.returncode == 2
     errors = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(errors) == 1, proc.stderr
-    assert errors[0].startswith("legato: error:") and ".metadata is unreadable" in errors[0]
+    assert errors[0].startswith("legato: error:")
+    assert f"checkpoint {ckpt}: .metadata is damaged (sha256 mismatch)" in errors[0]
 
 
 @pytest.mark.parametrize(
@@ -113,3 +118,65 @@ def test_two_process_checkpoint_resumes_in_one_process(
     full = _losses(fsdp_run)
     assert resumed.steps == [4, 5, 6]
     assert resumed.losses == pytest.approx([full[s] for s in (4, 5, 6)], abs=LOSS_TOLERANCE, rel=0)
+
+
+def _start_workers(args: list[str], port: int) -> list[subprocess.Popen[str]]:
+    command = [sys.executable, "-m", "legato.cli.main", "train", *args]
+    procs = []
+    for rank in range(2):
+        env = {
+            **os.environ,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+        }
+        procs.append(
+            subprocess.Popen(
+                command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+            )
+        )
+    return procs
+
+
+def _wait(procs: list[subprocess.Popen[str]]) -> list[tuple[int, str, str]]:
+    outputs = [p.communicate(timeout=240) for p in procs]
+    return [(p.returncode, out, err) for p, (out, err) in zip(procs, outputs, strict=True)]
+
+
+def test_sigterm_to_one_rank_stops_both_at_a_step_and_resumes_exactly(
+    fsdp_run: Path, small_train_args, tmp_path: Path, free_port: int
+) -> None:
+    """The workers run ``legato train`` with torchrun's environment (the command's worker
+    path, no launcher), so one rank alone can be signalled: the other learns of it in
+    the step-boundary all-reduce. Resumed, the run has ``fsdp_run``'s losses exactly:
+    same code, same layout, same order of operations."""
+    run = tmp_path / "run"
+    args = small_train_args(run, "--train.micro_batch_size=2", "--checkpoint.every=100")
+    workers = _start_workers(args, free_port)
+    metrics, deadline = run / "metrics.jsonl", time.monotonic() + 120
+    while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+        assert time.monotonic() < deadline and workers[0].poll() is None
+        time.sleep(0.005)
+    workers[1].send_signal(signal.SIGTERM)  # rank 1 only
+    (code0, _, err0), (code1, _, err1) = _wait(workers)
+    assert (code0, code1) == (130, 130), err0 + err1
+    stop = max(_losses(run))
+    assert 2 <= stop < 6
+    step_dir = run / "checkpoints" / f"step_{stop:06d}"
+    meta = json.loads((step_dir / "meta.json").read_text())
+    assert meta["step"] == stop and {"__0_0.distcp", "__1_0.distcp"} <= set(meta["files"])
+    assert json.loads((run / "summary.json").read_text())["interrupted"] is True
+    assert (run / "loss_curve.png").read_bytes()[:4] == b"\x89PNG"
+    lines = [line for line in (err0 + err1).splitlines() if line.strip()]
+    assert lines == [
+        f"legato: interrupted at step {stop}/{6}; checkpoint {step_dir} saved; "
+        f"to resume, rerun with --run.dir={run}"
+    ]
+
+    resumed = _wait(_start_workers(args, free_port))  # the same command: resume = auto
+    assert [code for code, _, _ in resumed] == [0, 0], resumed[0][2]
+    assert f"resumed from {step_dir} (step {stop})" in resumed[0][1]
+    assert _losses(run) == _losses(fsdp_run)  # every step, bit for bit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
 import shutil
@@ -19,16 +20,6 @@ from legato.train.trainer import Trainer, TrainResult
 
 def _fit(args: list[str]) -> TrainResult:
     return Trainer(load_config(None, args)).fit()
-
-
-@pytest.fixture(scope="module")
-def full_run(
-    small_train_args, tmp_path_factory: pytest.TempPathFactory
-) -> tuple[Path, TrainResult]:
-    """6 uninterrupted steps, a checkpoint every 3 (both kept)."""
-    run = tmp_path_factory.mktemp("full") / "run"
-    result = _fit(small_train_args(run, "--checkpoint.every=3", "--checkpoint.keep=5"))
-    return run, result
 
 
 def test_resume_continues_exactly(full_run, small_train_args, run_dir: Path) -> None:
@@ -49,6 +40,9 @@ def test_checkpoint_layout_and_meta(full_run) -> None:
     assert meta["data"]["fingerprint"] and meta["scheduler"]["last_epoch"] == 6
     for name in (".metadata", "rng_rank0.json"):
         assert meta["files"][name] == (root / "step_000006" / name).stat().st_size
+    assert set(meta["sha256"]) == set(meta["files"]) and meta["format"] == 3
+    shard = (root / "step_000006" / "__0_0.distcp").read_bytes()
+    assert meta["sha256"]["__0_0.distcp"] == hashlib.sha256(shard).hexdigest()
 
 
 def test_auto_resume_in_the_run_dir_and_pruning(small_train_args, run_dir: Path) -> None:
@@ -73,9 +67,39 @@ def _garble(path: Path) -> None:
     path.write_bytes(random.Random(0).randbytes(path.stat().st_size))
 
 
+def _overwrite_middle(path: Path, size: int = 8192) -> None:
+    """8 KB of other bytes in the middle of the file: same size, DCP would load it."""
+    data = bytearray(path.read_bytes())
+    middle = len(data) // 2 - size // 2
+    data[middle : middle + size] = bytes(b ^ 0x5A for b in data[middle : middle + size])
+    path.write_bytes(bytes(data))
+
+
+def _as_format_2(ckpt: Path) -> Path:
+    """The checkpoint as legato wrote it before checksums: format 2, sizes only."""
+    meta = json.loads((ckpt / "meta.json").read_text())
+    del meta["sha256"]
+    meta["format"] = 2
+    (ckpt / "meta.json").write_text(json.dumps(meta))
+    return ckpt
+
+
 CORRUPTIONS = {
     "missing .metadata": (lambda d: (d / ".metadata").unlink(), ".metadata is missing"),
-    "garbled .metadata": (lambda d: _garble(d / ".metadata"), "DCP .metadata is unreadable"),
+    "garbled .metadata": (
+        lambda d: _garble(_as_format_2(d) / ".metadata"),
+        "DCP .metadata is unreadable",
+    ),
+    "garbled .metadata, checksummed": (
+        lambda d: _garble(d / ".metadata"),
+        ".metadata is damaged (sha256 mismatch)",
+    ),
+    "checksum missing from the manifest": (
+        lambda d: (d / "meta.json").write_text(
+            (d / "meta.json").read_text().replace('"sha256"', '"sha"')
+        ),
+        "the manifest has no sha256 for every file",
+    ),
     "truncated shard": (lambda d: _truncate(d / "__0_0.distcp"), "truncated"),
     "missing meta.json": (lambda d: (d / "meta.json").unlink(), "no meta.json"),
     "garbled meta.json": (lambda d: (d / "meta.json").write_text("{"), "corrupt JSON"),
@@ -95,10 +119,46 @@ def test_corrupt_checkpoint_is_one_line_error(
     assert message in str(info.value) and "\n" not in str(info.value)
 
 
+def test_overwritten_shard_names_the_file(full_run, small_train_args, tmp_path: Path) -> None:
+    """8 KB changed mid-shard, sizes intact: DCP alone would load it and train on (the
+    loss jumped 3 -> 8); the checksum refuses it before DCP reads a byte."""
+    run = shutil.copytree(full_run[0], tmp_path / "run")
+    step6 = run / "checkpoints" / "step_000006"
+    _overwrite_middle(step6 / "__0_0.distcp")
+    with pytest.raises(CheckpointError) as info:
+        _fit(small_train_args(run))  # resume = auto: the latest, step 6
+    earlier = run / "checkpoints" / "step_000003"
+    assert str(info.value) == (
+        f"checkpoint {step6}: __0_0.distcp is damaged (sha256 mismatch); delete this "
+        f"checkpoint or resume from an earlier one (checkpoint.resume = '{earlier}')"
+    )
+
+
+def test_format_2_checkpoint_resumes_with_a_note(
+    full_run, small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint from before checksums still resumes exactly; the run says it could
+    only check sizes."""
+    ckpt = _as_format_2(
+        shutil.copytree(full_run[0] / "checkpoints" / "step_000003", tmp_path / "ckpt")
+    )
+    meta = json.loads((ckpt / "meta.json").read_text())
+    meta["scheduler"] = {"last_epoch": 3, "base_lrs": [3e-3, 3e-3], "lr_lambdas": [None, None]}
+    (ckpt / "meta.json").write_text(json.dumps(meta))  # torch's LambdaLR state, as then
+    resumed = _fit(small_train_args(tmp_path / "run", f"--checkpoint.resume={ckpt}"))
+    assert resumed.losses == full_run[1].losses[3:]
+    [line] = [x for x in capsys.readouterr().out.splitlines() if x.startswith("resumed from")]
+    assert line.startswith(f"resumed from {ckpt} (step 3); changed: ")
+    assert line.endswith(
+        "; note: this checkpoint predates checksums, only its file sizes were checked"
+    )
+
+
 def test_garbled_shard_with_consistent_sizes(full_run, small_train_args, tmp_path: Path) -> None:
-    """Sizes match but the bytes are garbage: DCP's own read fails, still one line."""
+    """Sizes match but the bytes are garbage, in a checkpoint without checksums:
+    DCP's own read fails, still one line."""
     ckpt = shutil.copytree(full_run[0] / "checkpoints" / "step_000003", tmp_path / "ckpt")
-    _garble(ckpt / "__0_0.distcp")
+    _garble(_as_format_2(ckpt) / "__0_0.distcp")
     with pytest.raises(CheckpointError, match="cannot be read") as info:
         _fit(small_train_args(tmp_path / "run", f"--checkpoint.resume={ckpt}"))
     assert "\n" not in str(info.value)

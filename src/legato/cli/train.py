@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 
 from legato.errors import ConfigError
 from legato.train.config import TrainConfig, load_config, make_run_dir, render_toml, resolve_model
@@ -47,12 +48,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _run_worker(config: TrainConfig) -> int:
+    """0 when done; 130 (``EXIT_INTERRUPTED``) after a clean stop on SIGINT/SIGTERM, in
+    the loop (checkpointed) or during set-up (rank 0 printed one line); 2 a user error."""
     from legato.parallel.launch import report_errors
+    from legato.train.interrupt import EXIT_INTERRUPTED, Interrupted
     from legato.train.trainer import Trainer
 
     def fit() -> int:
-        Trainer(config).fit()
-        return 0
+        try:
+            result = Trainer(config).fit()
+        except Interrupted as exc:
+            if os.environ.get("RANK", "0") == "0":
+                print(f"legato: {exc}", file=sys.stderr, flush=True)
+            return EXIT_INTERRUPTED
+        return EXIT_INTERRUPTED if result.interrupted else 0
 
     return report_errors(fit)
 
@@ -85,8 +94,8 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
             from legato.train.trainer import Trainer
 
             run = dataclasses.replace(config.run, dir=str(run_dir))
-            Trainer(dataclasses.replace(config, run=run)).fit()
-            code = 0
+            result = Trainer(dataclasses.replace(config, run=run)).fit()
+            code = 130 if result.interrupted else 0  # interrupt.EXIT_INTERRUPTED
         else:
             from legato.parallel.launch import launch
 

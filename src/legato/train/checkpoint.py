@@ -5,14 +5,17 @@ Layout of ``<run>/checkpoints/``::
     step_000120/            one complete checkpoint
         .metadata, *.distcp model + optimizer, sharded as trained (DCP; any world size loads it)
         rng_rank<r>.json    each rank's random generator states
-        meta.json           written last: step, world size, ModelSpec, config, data and
-                            scheduler state, and the size of every other file
+        meta.json           the manifest, written last: step, world size, ModelSpec, config,
+                            data and scheduler state, and the size and sha256 of every
+                            other file
     latest                  the name of the newest complete checkpoint
 
 A checkpoint is written into ``.tmp_step_000120/`` and renamed only once every rank has
-finished, and ``latest`` is replaced atomically after that, so a crash mid-save leaves the
-previous checkpoint in charge. Loading checks ``meta.json`` and the file sizes before DCP
-reads anything, so a damaged or foreign checkpoint is a one-line ``CheckpointError``.
+finished and the manifest is complete, and ``latest`` is replaced atomically after that,
+so a crash mid-save leaves the previous checkpoint in charge. Loading checks the manifest,
+the sizes and the checksums before DCP reads anything (DCP itself loads flipped bytes
+without complaint), so a damaged or foreign checkpoint is a one-line ``CheckpointError``
+naming the file.
 
 Every entry is keyed by the full model's parameter names (FQNs), the optimizer state too
 (``flatten_optimizer_state_dict``: one key per parameter and moment, no per-rank list of
@@ -24,6 +27,7 @@ layout: FSDP2 shards, DDP replicas, another pipeline split or a single process.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -49,7 +53,8 @@ from legato.errors import CheckpointError
 from legato.parallel.process_group import DistContext
 from legato.train.rng import capture_rng, restore_rng
 
-FORMAT_VERSION = 2  # 2: optimizer state flattened to one key per parameter
+FORMAT_VERSION = 3  # 2: optimizer state flattened to one key per parameter; 3: sha256
+READABLE_FORMATS = (2, 3)  # 2 (no checksums) still loads, with only its sizes checked
 META = "meta.json"
 LATEST = "latest"
 _STEP_DIR = re.compile(r"^step_(\d+)$")
@@ -93,14 +98,15 @@ def save_checkpoint(
     write_text_atomic(tmp / f"rng_rank{ctx.rank}.json", json.dumps(capture_rng(ctx.device)))
     ctx.barrier()
     if ctx.is_main:
-        files = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        written = [p for p in sorted(tmp.iterdir()) if p.is_file()]
         full_meta = {
             "format": FORMAT_VERSION,
             "legato_version": legato.__version__,
             "step": step,
             "world_size": ctx.world_size,
             **meta,
-            "files": files,
+            "files": {p.name: p.stat().st_size for p in written},
+            "sha256": {p.name: file_sha256(p) for p in written},
         }
         write_text_atomic(tmp / META, json.dumps(full_meta, indent=1))
         if final.exists():  # a re-run of this step: move the old one aside, never delete first
@@ -156,8 +162,20 @@ def _follow_latest(root: Path) -> Path:
     return path
 
 
+def file_sha256(path: Path, chunk: int = 1 << 20) -> str:
+    """The hex sha256 of a file, read in 1 MiB pieces (shards can be many GB)."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
 def read_meta(path: Path) -> dict[str, Any]:
-    """The checkpoint's ``meta.json``, after checking every file it lists is whole."""
+    """The checkpoint's ``meta.json``, after checking every file it lists is whole:
+    present, of its recorded size and (format 3) of its recorded sha256.
+
+    Not collective, and it reads every byte: a job calls ``read_meta_on_main``."""
     meta_path = path / META
     if not meta_path.is_file():
         raise CheckpointError(
@@ -170,10 +188,16 @@ def read_meta(path: Path) -> dict[str, Any]:
     needed = ("format", "step", "model_spec", "files", "data", "scheduler")
     if not isinstance(meta, dict) or any(k not in meta for k in needed):
         raise CheckpointError(f"{meta_path}: not a legato checkpoint (needs {', '.join(needed)})")
-    if meta["format"] != FORMAT_VERSION:
+    if meta["format"] not in READABLE_FORMATS:
         raise CheckpointError(
-            f"{meta_path}: format {meta['format']!r}, this legato reads {FORMAT_VERSION}"
+            f"{meta_path}: format {meta['format']!r}, this legato reads "
+            f"{', '.join(map(str, READABLE_FORMATS))}"
         )
+    digests = meta.get("sha256")
+    if meta["format"] >= 3 and (
+        not isinstance(digests, dict) or set(digests) != set(meta["files"])
+    ):
+        raise CheckpointError(f"{meta_path}: the manifest has no sha256 for every file")
     for name, size in meta["files"].items():
         file = path / name
         if not file.is_file():
@@ -182,11 +206,52 @@ def read_meta(path: Path) -> dict[str, Any]:
             raise CheckpointError(
                 f"{path}: {name} is {file.stat().st_size} bytes, expected {size} (truncated?)"
             )
+    for name, digest in (digests or {}).items():
+        if file_sha256(path / name) != digest:
+            raise CheckpointError(
+                f"checkpoint {path}: {name} is damaged (sha256 mismatch); delete this "
+                f"checkpoint or resume from an earlier one ({_earlier_hint(path)})"
+            )
     try:  # read here, or DCP logs a traceback for each way it tries before failing
         FileSystemReader(path).read_metadata()
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"{path}: DCP .metadata is unreadable ({_reason(exc)})") from None
     return meta
+
+
+def read_meta_on_main(ctx: DistContext, path: Path) -> dict[str, Any]:
+    """Collective ``read_meta``: rank 0 checks the checkpoint (every byte, once) and every
+    rank gets its verdict, so all raise the same one-line error or none does."""
+    outcome: dict[str, Any] | str | None = None
+    if ctx.is_main:
+        try:
+            outcome = read_meta(path)
+        except CheckpointError as exc:
+            outcome = str(exc)
+    outcome = ctx.broadcast_object(outcome)
+    if isinstance(outcome, str):
+        raise CheckpointError(outcome)
+    return outcome
+
+
+def is_verified(meta: dict[str, Any]) -> bool:
+    """Whether the checkpoint's contents were checked (format 2 had only sizes)."""
+    return "sha256" in meta
+
+
+def _earlier_hint(path: Path) -> str:
+    """``checkpoint.resume = '<the previous checkpoint>'``, or how to start over."""
+    step = _STEP_DIR.match(path.name)
+    earlier = sorted(
+        (int(m.group(1)), p)
+        for p in path.parent.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir() and p != path
+    )
+    if step:
+        earlier = [(n, p) for n, p in earlier if n < int(step.group(1))]
+    if earlier:
+        return f"checkpoint.resume = '{earlier[-1][1]}'"
+    return "none here: checkpoint.resume = 'none' starts over"
 
 
 def first_difference(saved: Any, current: Any, where: str = "") -> str | None:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import math
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import nn
+from torch.optim.lr_scheduler import LRScheduler
 
 from legato.train.config import OptimSection
 
@@ -43,6 +46,51 @@ def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.AdamW:
     )
 
 
+@dataclass(frozen=True)
+class ScheduleSegment:
+    """The learning rate from update ``start`` on: linear from ``start_lr`` to ``peak_lr``
+    at update ``peak`` (skipped when ``start`` is past it), then a half cosine to
+    ``end_lr`` exactly at update ``end``, held after. Updates count from 0.
+
+    A fresh run is one segment (``first``); a resume that changes the schedule appends
+    one starting where the run stands (``WarmupCosine.change``), so the history of the
+    learning rate stays reproducible from the checkpoint alone.
+    """
+
+    start: int
+    start_lr: float
+    peak_lr: float
+    peak: int
+    end: int
+    end_lr: float
+
+    @classmethod
+    def first(cls, cfg: OptimSection, total_steps: int) -> ScheduleSegment:
+        """Linear warm-up from lr/warmup_steps, peak on update warmup_steps (from 1)."""
+        start_lr = cfg.lr / cfg.warmup_steps if cfg.warmup_steps else cfg.lr
+        return cls(0, start_lr, cfg.lr, cfg.warmup_steps - 1, total_steps - 1, _end_lr(cfg))
+
+    def lr(self, step: int) -> float:
+        if step < self.peak:
+            return self.start_lr + (self.peak_lr - self.start_lr) * (step - self.start) / (
+                self.peak - self.start
+            )
+        begin, value = (
+            (self.peak, self.peak_lr)
+            if self.peak >= self.start
+            else (
+                self.start,
+                self.start_lr,
+            )
+        )
+        progress = min(1.0, (step - begin) / max(1, self.end - begin))
+        return self.end_lr + (value - self.end_lr) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def _end_lr(cfg: OptimSection) -> float:
+    return cfg.lr * cfg.min_lr_ratio
+
+
 def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: float) -> float:
     """Multiplier of the peak lr for the update after ``step`` updates (0-based).
 
@@ -51,19 +99,68 @@ def lr_factor(step: int, *, warmup_steps: int, total_steps: int, min_ratio: floa
     Ending on the minimum (rather than one step past the end) makes the last updates the
     gentlest, which is the point of annealing.
     """
-    if step < warmup_steps:
-        return (step + 1) / warmup_steps
-    peak = max(warmup_steps - 1, 0)
-    progress = min(1.0, (step - peak) / max(1, total_steps - 1 - peak))
-    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+    cfg = OptimSection(lr=1.0, min_lr_ratio=min_ratio, warmup_steps=warmup_steps)
+    return ScheduleSegment.first(cfg, total_steps).lr(step)
+
+
+class WarmupCosine(LRScheduler):
+    """Warm-up + cosine as ``ScheduleSegment``s; its state is JSON (``meta.json``)."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer, cfg: OptimSection, total_steps: int):
+        self.segments = [ScheduleSegment.first(cfg, total_steps)]
+        super().__init__(optimizer)
+
+    def lr_at(self, step: int) -> float:
+        return next(s for s in reversed(self.segments) if s.start <= step).lr(step)
+
+    def get_lr(self) -> list[float]:
+        return [self.lr_at(self.last_epoch)] * len(self.optimizer.param_groups)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"last_epoch": self.last_epoch, "segments": [asdict(s) for s in self.segments]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.last_epoch = int(state["last_epoch"])
+        self.segments = [ScheduleSegment(**s) for s in state["segments"]]
+        self._apply()
+
+    def change(self, cfg: OptimSection, total_steps: int) -> bool:
+        """Continue under new ``optim.lr/min_lr_ratio/warmup_steps`` or ``train.steps``
+        from the current update; False (nothing changes) when they are the same.
+
+        The learning rate stays continuous, except for a new ``optim.lr``: the current
+        value is scaled by new/old peak, an explicit request for another rate. From there
+        it warms up to the (new) peak if warm-up is not over, then follows a half cosine
+        to ``lr x min_lr_ratio`` on the (new) last step.
+        """
+        now, last = self.last_epoch, self.segments[-1]
+        target = (cfg.lr, cfg.warmup_steps - 1, total_steps - 1, _end_lr(cfg))
+        if target == (last.peak_lr, last.peak, last.end, last.end_lr):
+            return False
+        start_lr = self.lr_at(now) * (cfg.lr / last.peak_lr)  # x 1.0 is exact
+        self.segments = [s for s in self.segments if s.start < now]
+        self.segments.append(ScheduleSegment(now, start_lr, *target))
+        self._apply()
+        return True
+
+    def _apply(self) -> None:
+        """Set the optimizer's rate to the schedule's at the current update."""
+        lr = self.lr_at(self.last_epoch)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self._last_lr = [lr] * len(self.optimizer.param_groups)
 
 
 def build_lr_schedule(
     optimizer: torch.optim.Optimizer, cfg: OptimSection, total_steps: int
-) -> torch.optim.lr_scheduler.LambdaLR:
-    def factor(step: int) -> float:
-        return lr_factor(
-            step, warmup_steps=cfg.warmup_steps, total_steps=total_steps, min_ratio=cfg.min_lr_ratio
-        )
+) -> WarmupCosine:
+    return WarmupCosine(optimizer, cfg, total_steps)
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+def apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimSection) -> None:
+    """Set AdamW's betas, eps and weight decay from ``cfg`` (the groups of
+    ``param_groups``): a resumed optimizer state carries the checkpoint's values."""
+    decay, no_decay = optimizer.param_groups
+    for group in (decay, no_decay):
+        group["betas"], group["eps"] = (cfg.beta1, cfg.beta2), cfg.eps
+    decay["weight_decay"] = cfg.weight_decay

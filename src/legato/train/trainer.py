@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +27,7 @@ from typing import Any
 import torch
 from torch.distributed.tensor import DTensor
 
+from legato.atomic import write_text_atomic
 from legato.calibrate.device_peak import peak_flops
 from legato.cost.flops import training_flops_per_token
 from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prepare_tokens
@@ -36,9 +38,11 @@ from legato.parallel.process_group import DistContext, process_group
 from legato.precision.fsdp_fp8 import enable_fp8_all_gather
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
+from legato.train import resume
 from legato.train.apply_strategy import compute_dtype, data_parallel, to_fp8
-from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
+from legato.train.config import TrainConfig, make_run_dir, resolve_model
 from legato.train.distributed import gradient_sync, unwrap, use_pipeline_mesh
+from legato.train.interrupt import StopSignals, stopped_line
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
     MetricsLog,
@@ -50,7 +54,7 @@ from legato.train.metrics import (
     read_metrics,
     summarize,
 )
-from legato.train.optim import build_lr_schedule, build_optimizer
+from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
 from legato.train.pipeline_step import PipelineStep
 from legato.train.progress import Progress
 from legato.train.strategy import describe, describe_device, resolve_strategy
@@ -58,13 +62,18 @@ from legato.train.strategy import describe, describe_device, resolve_strategy
 
 @dataclass
 class TrainResult:
-    """What one ``fit()`` did: the losses of the steps it ran and where it wrote."""
+    """What one ``fit()`` did: the losses of the steps it ran and where it wrote.
+
+    ``interrupted``: a SIGINT/SIGTERM stopped it after ``steps[-1]`` (checkpointed unless
+    ``checkpoint.every = 0``); the command then exits with ``interrupt.EXIT_INTERRUPTED``.
+    """
 
     run_dir: Path
     steps: list[int] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     summary: dict[str, Any] = field(default_factory=dict)
     checkpoint: Path | None = None
+    interrupted: bool = False
 
 
 class Trainer:
@@ -82,7 +91,12 @@ class Trainer:
             )
 
     def fit(self) -> TrainResult:
-        with process_group(self.config.parallel.backend, self.config.train.device) as ctx:
+        """Train; a SIGINT/SIGTERM stops it cleanly (``interrupt``): during set-up by
+        raising ``Interrupted``, in the loop after the step under way."""
+        with (
+            StopSignals() as self.signals,
+            process_group(self.config.parallel.backend, self.config.train.device) as ctx,
+        ):
             return self._fit(ctx)
 
     # ------------------------------------------------------------------ set-up
@@ -97,15 +111,16 @@ class Trainer:
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
         self.dataset, tokenizer_name = self._load_data()
         self._build(ctx)
-        start, resumed_from = self._resume(run_dir)
+        start, resumed_from, changes, resumed = self._resume(run_dir)
         if ctx.is_main:  # the config as run, with the directory it ran in
             ran = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
-            (run_dir / "config.toml").write_text(render_toml(ran, "legato train config"))
+            resume.record_invocation(run_dir, ran, start, resumed_from, changes)
         self.progress = Progress(cfg.train.steps, start, cfg.train.log_every, ctx.is_main)
         self.progress.message(self._describe(run_dir, tokenizer_name))
-        if resumed_from is not None:
-            self.progress.message(f"resumed from {resumed_from} (step {start})")
+        if resumed:
+            self.progress.message(resumed)
         log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
+        self.signals.defer()  # from here a signal stops the loop at the next step boundary
         try:
             result = self._loop(run_dir, start, log)
         finally:
@@ -113,7 +128,7 @@ class Trainer:
             if log is not None:
                 log.close()
         if ctx.is_main:
-            result.summary = self._finish(run_dir)
+            result.summary = self._finish(run_dir, result)
         return result
 
     def _load_data(self) -> tuple[PackedDataset, str]:
@@ -186,19 +201,27 @@ class Trainer:
         """The model FQNs this rank checkpoints (its stages'); None = the whole model."""
         return self.pipeline.fqns if self.pipeline is not None else None
 
-    def _resume(self, run_dir: Path) -> tuple[int, Path | None]:
-        path = ckpt.find_checkpoint(self.config.checkpoint.resume, run_dir)
+    def _resume(self, run_dir: Path) -> tuple[int, Path | None, dict[str, list[Any]], str]:
+        """Load the checkpoint ``checkpoint.resume`` names, if any: (its step, its path,
+        the config fields this invocation changes, the line that says so)."""
+        cfg = self.config
+        path = ckpt.find_checkpoint(cfg.checkpoint.resume, run_dir)
         if path is None:
-            return 0, None
-        meta = ckpt.read_meta(path)
+            return 0, None, {}, ""
+        meta = ckpt.read_meta_on_main(self.ctx, path)
         ckpt.check_model_spec(meta, to_dict(self.spec), path)
+        changes = resume.config_changes(meta["config"], cfg, self.spec.seq_len)
+        resume.refuse_fixed(changes, path)
         try:
             self.dataset.load_state_dict(meta["data"])
         except DataError as exc:
             raise CheckpointError(f"{path}: {exc}") from None
         ckpt.load_checkpoint(self.ctx, path, self.model, self.optimizer, only=self._owned)
-        self.scheduler.load_state_dict(meta["scheduler"])
-        return int(meta["step"]), path
+        apply_hyperparameters(self.optimizer, cfg.optim)  # the state carries the old ones
+        self.scheduler.load_state_dict(resume.schedule_state(meta))
+        self.scheduler.change(cfg.optim, cfg.train.steps)
+        step = int(meta["step"])
+        return step, path, changes, resume.resumed_line(path, step, changes, meta)
 
     def _describe(self, run_dir: Path, tokenizer_name: str) -> str:
         cfg, ctx, spec = self.config, self.ctx, self.spec
@@ -226,6 +249,7 @@ class Trainer:
         total, every = cfg.train.steps, cfg.checkpoint.every
         result = TrainResult(run_dir)
         tokens = cfg.train.global_batch_size * self.seq_len
+        saved = None
         for step in range(start + 1, total + 1):
             began = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
@@ -259,8 +283,18 @@ class Trainer:
                 log.write(metrics)
             self.progress.update(metrics)
             if every and (step % every == 0 or step == total):
-                result.checkpoint = self._save(run_dir, step)
+                result.checkpoint, saved = self._save(run_dir, step), step
+            if step < total and self._stop_requested():
+                result.interrupted = True
+                if every and saved != step:  # save this step, even between checkpoints
+                    result.checkpoint = self._save(run_dir, step)
+                break
         return result
+
+    def _stop_requested(self) -> bool:
+        """Whether any rank got a stop signal: one tiny all-reduce, so all agree."""
+        flag = torch.tensor([float(self.signals.received is not None)], device=self.ctx.device)
+        return bool(self.ctx.all_reduce_sum(flag).item() > 0)
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
         """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
@@ -329,10 +363,12 @@ class Trainer:
             only=self._owned,
         )
 
-    def _finish(self, run_dir: Path) -> dict[str, Any]:
-        """Loss curve, ``summary.json`` and a printed summary (rank 0)."""
+    def _finish(self, run_dir: Path, result: TrainResult) -> dict[str, Any]:
+        """Loss curve, ``summary.json`` and a printed summary (rank 0); after a stop
+        signal the same files and one line instead of the summary."""
         records = read_metrics(run_dir / "metrics.jsonl")
         summary = summarize(records)
+        summary["interrupted"] = result.interrupted
         if records:
             curve = plot_loss_curve(records, run_dir / "loss_curve.png", f"{self.spec.name} loss")
             summary["loss_curve"] = str(curve)
@@ -341,8 +377,12 @@ class Trainer:
         latest = run_dir / "checkpoints" / ckpt.LATEST
         if latest.is_file():
             summary["checkpoint"] = str(latest.parent / latest.read_text().strip())
-        (run_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        self.progress.message(_summary_text(summary))
+        write_text_atomic(run_dir / "summary.json", json.dumps(summary, indent=1) + "\n")
+        if result.interrupted:
+            line = stopped_line(result.steps[-1], self.config, run_dir, result.checkpoint)
+            print(f"legato: {line}", file=sys.stderr, flush=True)
+        else:
+            self.progress.message(_summary_text(summary))
         return summary
 
 
