@@ -72,9 +72,8 @@ class ByteTokenizer:
         as :meth:`encode`, except that the literal text ``<|endoftext|>`` becomes id 256,
         as it does with every ``tokenizers`` model that has the special token.
         """
-        from tokenizers import AddedToken
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
         from tokenizers import Tokenizer as HfTokenizer
-        from tokenizers import decoders, models, pre_tokenizers
 
         symbols = _gpt2_byte_symbols()
         vocab = {symbols[b]: b for b in range(256)}

@@ -70,7 +70,11 @@ def export_hf(trained: TrainedModel, out: str | Path) -> Path:
         _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, trained.spec.seq_len))
         _write_json(
             tmp / "legato_export.json",
-            {"checkpoint": str(trained.checkpoint), "step": trained.step, "architecture": arch.name},
+            {
+                "checkpoint": str(trained.checkpoint),
+                "step": trained.step,
+                "architecture": arch.name,
+            },
         )
         old = None
         if out.exists():  # move the old folder aside first: never a moment without one

@@ -67,7 +67,9 @@ def run_tokenizer(run_dir: Path | None, data: DataSection) -> Tokenizer:
     return resolve_tokenizer(data)
 
 
-def token_stream(data: DataSection, tokenizer: Tokenizer, paths: list[str] | None = None) -> np.ndarray:
+def token_stream(
+    data: DataSection, tokenizer: Tokenizer, paths: list[str] | None = None
+) -> np.ndarray:
     """The tokens of ``paths`` (default: the run's corpus), cached like the trainer's."""
     return prepare_tokens(
         paths or corpus_paths(data), tokenizer, text_field=data.text_field, cache_dir=_cache(data)

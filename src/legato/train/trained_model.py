@@ -43,8 +43,7 @@ class TrainedModel:
 def is_legato_run(path: Path) -> bool:
     """A run directory, its ``checkpoints/`` folder or a checkpoint directory."""
     return any(
-        (path / name).is_file()
-        for name in (f"checkpoints/{ckpt.LATEST}", ckpt.LATEST, ckpt.META)
+        (path / name).is_file() for name in (f"checkpoints/{ckpt.LATEST}", ckpt.LATEST, ckpt.META)
     )
 
 

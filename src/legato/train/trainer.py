@@ -36,7 +36,6 @@ from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train.config import TrainConfig, make_run_dir, render_toml, resolve_model
 from legato.train.device_peak import peak_flops
-from legato.train.evaluate import evaluate
 from legato.train.distributed import (
     DistContext,
     gradient_sync,
@@ -45,6 +44,7 @@ from legato.train.distributed import (
     unwrap,
     use_pipeline_mesh,
 )
+from legato.train.evaluate import evaluate
 from legato.train.layout import compute_dtype, data_parallel, to_fp8
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
