@@ -26,10 +26,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, extra: list[str]) -> int:
-    from legato.train.export import export_hf
+    from legato.train.export import export_trained
     from legato.train.trained_model import load_trained
 
     trained = load_trained(args.run_dir, "RUN_DIR")
-    out = export_hf(trained, args.out)
+    out = export_trained(trained, args.out)
     print(f"exported {trained.checkpoint} (step {trained.step}, {trained.spec.name}) to {out}")
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 
 from legato.data import Tokenizer
 from legato.errors import ConfigError
+from legato.models import Transformer
 from legato.models.hf_checkpoint import save_safetensors
 from legato.models.hf_config import hf_architecture
 from legato.train.trained_model import TrainedModel
@@ -44,13 +45,21 @@ def _write_json(path: Path, table: dict[str, Any]) -> None:
     path.write_text(json.dumps(table, indent=2) + "\n", encoding="utf-8")
 
 
-def export_hf(trained: TrainedModel, out: str | Path) -> Path:
-    """Write ``trained`` as an HF model folder at ``out`` (replaced atomically)."""
+def export_trained(trained: TrainedModel, out: str | Path) -> Path:
+    """Write a run's checkpoint as an HF model folder at ``out`` (replaced atomically)."""
+    source = {"checkpoint": str(trained.checkpoint), "step": trained.step}
+    return export_hf(trained.model, trained.tokenizer, out, source)
+
+
+def export_hf(
+    model: Transformer, tok: Tokenizer, out: str | Path, source: dict[str, Any] | None = None
+) -> Path:
+    """Write ``model`` and ``tok`` as an HF model folder at ``out`` (replaced atomically);
+    ``source`` (where the weights came from) goes to ``legato_export.json``."""
     out = Path(out).expanduser()
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT: {out} exists and is not a directory")
-    arch = hf_architecture(trained.spec)  # refuse before writing anything
-    tok = trained.tokenizer
+    arch = hf_architecture(model.spec)  # refuse before writing anything
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
@@ -65,17 +74,10 @@ def export_hf(trained: TrainedModel, out: str | Path) -> Path:
             tmp / "generation_config.json",
             {"eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id, "bos_token_id": None},
         )
-        save_safetensors(trained.model, tmp, hf_style=arch.hf_style)
+        save_safetensors(model, tmp, hf_style=arch.hf_style)
         tok.save(tmp / "tokenizer.json")
-        _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, trained.spec.seq_len))
-        _write_json(
-            tmp / "legato_export.json",
-            {
-                "checkpoint": str(trained.checkpoint),
-                "step": trained.step,
-                "architecture": arch.name,
-            },
-        )
+        _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, model.spec.seq_len))
+        _write_json(tmp / "legato_export.json", {**(source or {}), "architecture": arch.name})
         old = None
         if out.exists():  # move the old folder aside first: never a moment without one
             old = out.with_name(f".{out.name}.old")
