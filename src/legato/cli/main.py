@@ -14,7 +14,16 @@ import sys
 from legato.errors import LegatoError
 
 # Modules under legato.cli that register sub-commands, in help order.
-COMMAND_GROUPS = ("presets", "plan", "calibrate", "train", "schedule", "finetune")
+COMMAND_GROUPS = (
+    "presets",
+    "plan",
+    "calibrate",
+    "train",
+    "eval",
+    "export",
+    "schedule",
+    "finetune",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

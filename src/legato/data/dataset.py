@@ -129,8 +129,12 @@ class PackedDataset:
                 f"train.global_batch_size: {global_batch} is not divisible by the {world} data-parallel ranks"
             )
         share = global_batch // world
-        windows = self._take(global_batch)[rank * share : (rank + 1) * share]
-        rows = np.asarray(self.tokens[windows[:, None] * self.seq_len + self._offsets])
+        return self.windows(self._take(global_batch)[rank * share : (rank + 1) * share])
+
+    def windows(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """The windows ``indices`` as (inputs, labels), int64 ``[len(indices), seq_len]``;
+        reading them does not move the position."""
+        rows = np.asarray(self.tokens[indices[:, None] * self.seq_len + self._offsets])
         batch = torch.from_numpy(rows.astype(np.int64))
         return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
 

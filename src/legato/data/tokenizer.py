@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tokenizers import Tokenizer as HfTokenizer
 
 EOS_TOKEN = "<|endoftext|>"
+BYTE_PAD_TOKEN = "<|pad|>"
 # End-of-text spellings of common published tokenizer.json files, tried in order.
 _EOS_CANDIDATES = (EOS_TOKEN, "<|end_of_text|>", "</s>", "<eos>")
 _MIN_BPE_VOCAB = 257  # the 256 byte symbols plus the end-of-text token
@@ -35,6 +36,8 @@ class Tokenizer(Protocol):
     vocab_size: int
     eos_id: int
     pad_id: int
+    eos_token: str
+    pad_token: str
 
     def encode(self, text: str) -> list[int]: ...
 
@@ -48,6 +51,8 @@ class ByteTokenizer:
     vocab_size = 258
     eos_id = 256
     pad_id = 257
+    eos_token = EOS_TOKEN
+    pad_token = BYTE_PAD_TOKEN
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
@@ -59,8 +64,41 @@ class ByteTokenizer:
         """Special ids are dropped; a byte sequence cut mid-character decodes to U+FFFD."""
         return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
+    def save(self, path: str | Path) -> Path:
+        """Write an equivalent ``tokenizer.json`` (Hugging Face ``tokenizers``) atomically.
+
+        A byte-level BPE with no merges whose vocabulary maps each byte's GPT-2 symbol to
+        the byte's value, plus the two special tokens: it encodes any text to the same ids
+        as :meth:`encode`, except that the literal text ``<|endoftext|>`` becomes id 256,
+        as it does with every ``tokenizers`` model that has the special token.
+        """
+        from tokenizers import AddedToken, decoders, models, pre_tokenizers
+        from tokenizers import Tokenizer as HfTokenizer
+
+        symbols = _gpt2_byte_symbols()
+        vocab = {symbols[b]: b for b in range(256)}
+        backend = HfTokenizer(models.BPE(vocab=vocab, merges=[]))
+        backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        backend.decoder = decoders.ByteLevel()
+        backend.add_special_tokens(
+            [AddedToken(t, special=True, normalized=False) for t in (EOS_TOKEN, BYTE_PAD_TOKEN)]
+        )
+        return write_text_atomic(path, backend.to_str())
+
     def __repr__(self) -> str:
         return "ByteTokenizer()"
+
+
+def _gpt2_byte_symbols() -> list[str]:
+    """GPT-2's printable stand-in for each byte (what the ByteLevel pre-tokenizer emits)."""
+    printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
+    symbols = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in symbols:
+            symbols[b] = chr(256 + extra)
+            extra += 1
+    return [symbols[b] for b in range(256)]
 
 
 class BpeTokenizer:
@@ -77,6 +115,7 @@ class BpeTokenizer:
         self.eos_token = eos
         self.eos_id = int(backend.token_to_id(eos))
         self.pad_id = self.eos_id
+        self.pad_token = eos
         self.vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
         digest = hashlib.blake2b(backend.to_str().encode("utf-8"), digest_size=6).hexdigest()
         self.name = f"bpe-{self.vocab_size}-{digest}"

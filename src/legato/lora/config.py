@@ -29,15 +29,18 @@ def _require(ok: bool, field_name: str, allowed: str, value: Any) -> None:
 
 @dataclass
 class BaseSection:
-    """The frozen base model: a preset (plus overrides) and optionally its weights."""
+    """The frozen base model: a preset (plus overrides) and optionally its weights, or a
+    legato run whose checkpoint gives the model, its weights and its tokenizer."""
 
-    preset: str = "tiny"
+    preset: str = ""  # empty = "tiny" (or the run's model when weights is a legato run)
     overrides: dict[str, Any] = field(default_factory=dict)
-    weights: str = ""  # HF-named .safetensors file or folder; empty = random init (demos)
+    # HF-named .safetensors file or folder, or a legato run directory or checkpoint;
+    # empty = random init (demos)
+    weights: str = ""
 
     def spec(self) -> ModelSpec:
         try:
-            return resolve_model(ModelSection(self.preset, self.overrides))
+            return resolve_model(ModelSection(self.preset or "tiny", self.overrides))
         except LegatoError as exc:
             raise ConfigError(f"base: {exc}") from None
 
@@ -115,7 +118,7 @@ class RunSection:
     output_dir: str = "runs/finetune"  # one PEFT adapter folder per task
     device: Literal["auto", "cpu", "cuda"] = "auto"
     dtype: Literal["fp32", "bf16"] = "fp32"  # base weights and activations; adapters stay fp32
-    tokenizer: str = "byte"  # 'byte' or a tokenizer.json path
+    tokenizer: str = ""  # 'byte' or a tokenizer.json path; empty = 'byte' or a legato base's
     seed: int = 0  # base weights when base.weights is empty
     log_every: int = 10  # plain progress line every N steps of a task
     nproc: int = 1  # data-parallel processes launched on this host (not under torchrun)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from legato.errors import ConfigError
 from legato.models.hf_checkpoint import to_hf_state_dict
+from legato.models.hf_config import hf_architecture
 from legato.models.transformer import Transformer
 from legato.specs.model import ModelSpec
 
@@ -23,34 +24,12 @@ def llama_config(spec: ModelSpec) -> LlamaConfig:
     """A ``LlamaConfig`` for a Llama-style spec (RMSNorm, RoPE, SwiGLU, no biases, dense)."""
     from transformers import LlamaConfig
 
-    unsupported = {
-        "mlp": spec.mlp != "swiglu",
-        "norm": spec.norm != "rmsnorm",
-        "position": spec.position != "rope",
-        "bias": spec.bias,
-        "qk_norm": spec.qk_norm,
-        "moe": spec.moe is not None,
-        "mla": spec.mla is not None,
-    }
-    bad = [name for name, is_bad in unsupported.items() if is_bad]
-    if bad:
-        raise ConfigError(f"model {spec.name!r}: not a Llama architecture ({bad[0]} differs)")
-    fields = {
-        "vocab_size": spec.vocab_size,
-        "hidden_size": spec.hidden_size,
-        "intermediate_size": spec.ffn_hidden_size,
-        "num_hidden_layers": spec.num_layers,
-        "num_attention_heads": spec.num_heads,
-        "num_key_value_heads": spec.num_kv_heads,
-        "head_dim": spec.head_dim,
-        "max_position_embeddings": spec.seq_len,
-        "rms_norm_eps": spec.norm_eps,
-        "tie_word_embeddings": spec.tied_embeddings,
-    }
-    if "rope_parameters" in inspect.signature(LlamaConfig.__init__).parameters:
-        fields["rope_parameters"] = {"rope_type": "default", "rope_theta": spec.rope_theta}
-    else:  # transformers 4.x
-        fields["rope_theta"] = spec.rope_theta
+    arch = hf_architecture(spec)
+    if arch.name != "LlamaForCausalLM":
+        raise ConfigError(f"model {spec.name!r}: not a Llama architecture (it is {arch.name})")
+    fields = {k: v for k, v in arch.config.items() if k not in ("architectures", "model_type")}
+    if "rope_parameters" not in inspect.signature(LlamaConfig.__init__).parameters:
+        del fields["rope_parameters"]  # transformers 4.x
     return LlamaConfig(**fields)
 
 

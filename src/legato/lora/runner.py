@@ -19,7 +19,7 @@ from typing import TextIO
 
 import torch
 
-from legato.data.tokenizer import load_tokenizer
+from legato.data.tokenizer import Tokenizer, load_tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.lora.adapter import AdapterShape, resolve_targets
 from legato.lora.config import FinetuneConfig, ScheduleSection, TaskSection
@@ -36,26 +36,54 @@ from legato.lora.scheduler import PackingScheduler
 from legato.lora.task_data import TaskStream, read_task_stream
 from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
 from legato.models import build_model, load_safetensors
+from legato.models.hf_checkpoint import INDEX_FILE, SINGLE_FILE
 from legato.parallel.process_group import process_group
+from legato.train.trained_model import is_legato_run, load_trained
 
 _PROFILE_POINTS = 6
 
 
-def build_backbone(config: FinetuneConfig, device: torch.device) -> MultiLoraModel:
-    spec = config.base.spec()
+def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraModel, Tokenizer]:
+    """The frozen model and the tokenizer of ``[base]``: a legato run's checkpoint (its
+    spec, weights and tokenizer), HF-named safetensors, or random weights."""
     dtype = torch.bfloat16 if config.run.dtype == "bf16" else torch.float32
-    model = build_model(spec, seed=config.run.seed, device=device, dtype=dtype)
-    if config.base.weights:
+    weights = Path(config.base.weights).expanduser() if config.base.weights else None
+    if weights is not None and weights.is_dir() and is_legato_run(weights):
+        given = {
+            "base.preset": config.base.preset,
+            "base.overrides": config.base.overrides,
+            "run.tokenizer": config.run.tokenizer,
+        }
+        for name, value in given.items():
+            if value:
+                raise ConfigError(
+                    f"{name}: must be left empty when base.weights is a legato run "
+                    f"({weights}); the model and its tokenizer come from the checkpoint"
+                )
+        trained = load_trained(weights, "base.weights", device=device, dtype=dtype)
+        return MultiLoraModel(trained.model), trained.tokenizer
+    model = build_model(config.base.spec(), seed=config.run.seed, device=device, dtype=dtype)
+    if weights is not None:
+        if weights.is_dir() and not any((weights / n).is_file() for n in (SINGLE_FILE, INDEX_FILE)):
+            raise CheckpointError(
+                f"base.weights: {weights} is neither a legato run directory or checkpoint "
+                f"nor a Hugging Face safetensors folder ({SINGLE_FILE} or {INDEX_FILE})"
+            )
         try:
-            load_safetensors(model, Path(config.base.weights).expanduser())
+            load_safetensors(model, weights)
         except CheckpointError as exc:
             raise CheckpointError(f"base.weights: {exc}") from None
-    return MultiLoraModel(model)
+    return MultiLoraModel(model), load_tokenizer(config.run.tokenizer or "byte")
 
 
-def read_tasks(config: FinetuneConfig, model: MultiLoraModel) -> dict[str, TaskStream]:
+def build_backbone(config: FinetuneConfig, device: torch.device) -> MultiLoraModel:
+    return load_base(config, device)[0]
+
+
+def read_tasks(
+    config: FinetuneConfig, model: MultiLoraModel, tokenizer: Tokenizer
+) -> dict[str, TaskStream]:
     """Check every task against the model and tokenise its data, naming the task on error."""
-    tokenizer = load_tokenizer(config.run.tokenizer)
     vocab = model.base.spec.vocab_size
     if tokenizer.vocab_size > vocab:
         raise ConfigError(
@@ -106,8 +134,8 @@ def _finetune(
     config: FinetuneConfig, device: torch.device, dp: DataParallel | None, stream: TextIO | None
 ) -> dict[str, Path]:
     torch.manual_seed(config.run.seed)
-    model = build_backbone(config, device)
-    streams = read_tasks(config, model)
+    model, tokenizer = load_base(config, device)
+    streams = read_tasks(config, model, tokenizer)
     scheduler = build_packing_scheduler(config.schedule, model, config.tasks)
     main = dp is None or dp.rank == 0
     if dp is not None:
@@ -117,7 +145,7 @@ def _finetune(
         model,
         scheduler,
         output_dir=output if main else None,
-        base_model=config.base.weights or config.base.preset,
+        base_model=config.base.weights or config.base.preset or "tiny",
         data_parallel=dp,
     )
     for task in config.tasks:

@@ -322,6 +322,19 @@ def load_checkpoint(
         restore_rng(json.loads(rng_file.read_text(encoding="utf-8")), ctx.device)
 
 
+def load_model_weights(path: Path, model: nn.Module) -> None:
+    """The model's entries of checkpoint ``path`` into a plain (unwrapped) ``model``, on
+    one process without a process group, whatever layout saved it (the optimizer state
+    is not read)."""
+    state = {"model": model.state_dict()}
+    try:
+        with _quiet_dcp():
+            dcp.load(state, checkpoint_id=path)
+    except (Exception, CheckpointException) as exc:
+        raise CheckpointError(f"{path}: cannot be read ({_reason(exc)})") from None
+    model.load_state_dict(state["model"])
+
+
 def _reason(exc: BaseException) -> str:
     """One line about ``exc``; DCP wraps per-rank failures in a CheckpointException."""
     failures = getattr(exc, "failures", None)

@@ -63,6 +63,9 @@ class DataSection:
     tokenizer: str = _doc("byte", "'byte', 'bpe' (trained on data.paths) or a tokenizer.json path")
     bpe_vocab_size: int = _doc(4096, "vocabulary size when data.tokenizer = 'bpe'")
     seq_len: int = _doc(0, "tokens per training sequence; 0 = the model's seq_len")
+    holdout: float = _doc(
+        0.0, "fraction of the token stream (its tail) held out for validation; 0 = none"
+    )
     cache_dir: str = _doc(
         "~/.cache/legato", "where tokenised data, trained tokenizers and the corpus are cached"
     )
@@ -72,6 +75,7 @@ class DataSection:
         _require(bool(self.tokenizer), "data.tokenizer", "'byte', 'bpe' or a path", self.tokenizer)
         _require(self.bpe_vocab_size >= 257, "data.bpe_vocab_size", ">= 257", self.bpe_vocab_size)
         _require(self.seq_len >= 0, "data.seq_len", ">= 0 (0 = the model's)", self.seq_len)
+        _require(0 <= self.holdout < 1, "data.holdout", "in [0, 1)", self.holdout)
         _require(bool(self.cache_dir), "data.cache_dir", "a directory path", self.cache_dir)
 
 
@@ -133,6 +137,9 @@ class TrainSection:
         0.0, "MoE aux-loss-free balancing: router bias step per optimizer step; 0 = off"
     )
     log_every: int = _doc(10, "print a progress line every N steps (metrics.jsonl gets every step)")
+    eval_every: int = _doc(
+        0, "validation loss on the data.holdout split every N steps and at the last; 0 = never"
+    )
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "train.steps", ">= 1", self.steps)
@@ -150,6 +157,7 @@ class TrainSection:
             self.router_bias_rate >= 0, "train.router_bias_rate", ">= 0", self.router_bias_rate
         )
         _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
+        _require(self.eval_every >= 0, "train.eval_every", ">= 0 (0 = never)", self.eval_every)
         _require(
             not self.fp8_all_gather or self.dtype in ("fp8", "fp8-rowwise"),
             "train.fp8_all_gather",
@@ -218,6 +226,14 @@ class TrainConfig:
     parallel: ParallelSection = field(default_factory=ParallelSection)
     checkpoint: CheckpointSection = field(default_factory=CheckpointSection)
     run: RunSection = field(default_factory=RunSection)
+
+    def __post_init__(self) -> None:
+        _require(
+            not self.train.eval_every or self.data.holdout > 0,
+            "train.eval_every",
+            "0 unless data.holdout > 0 (the split it evaluates on)",
+            self.train.eval_every,
+        )
 
     def grad_accum_steps(self, dp: int) -> int:
         """Micro-batches per optimizer step on each of ``dp`` data-parallel replicas

@@ -33,6 +33,24 @@ class StepMetrics:
     peak_memory_bytes: int
 
 
+@dataclass
+class EvalMetrics:
+    """A validation pass after ``step`` (its own ``metrics.jsonl`` record: no ``loss`` key)."""
+
+    step: int
+    val_loss: float
+    val_perplexity: float
+    val_tokens: int
+
+
+def step_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "loss" in r]
+
+
+def eval_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in records if "val_loss" in r]
+
+
 def peak_memory_bytes(device: torch.device) -> int:
     """Peak allocated bytes on a GPU; on the CPU, this process's peak resident set size."""
     if device.type == "cuda":
@@ -46,7 +64,8 @@ def mfu(flops_per_token: float, tokens_per_s: float, peak_flops: float, world_si
 
 
 class MetricsLog:
-    """Appends one JSON line per step; on resume drops lines past the checkpoint's step."""
+    """Appends one JSON line per step (and per validation pass); on resume drops lines past
+    the checkpoint's step."""
 
     def __init__(self, path: Path, resume_step: int = 0) -> None:
         self.path = path
@@ -55,7 +74,7 @@ class MetricsLog:
             handle.writelines(json.dumps(r) + "\n" for r in kept)
         self._handle = open(path, "a", encoding="utf-8")  # noqa: SIM115 - held for the run
 
-    def write(self, metrics: StepMetrics) -> None:
+    def write(self, metrics: StepMetrics | EvalMetrics) -> None:
         self._handle.write(json.dumps(asdict(metrics)) + "\n")
         self._handle.flush()
 
@@ -77,6 +96,8 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     Medians rather than means: the first step pays for warm-up and checkpoint steps for
     writing, and neither is the steady state the numbers are meant to describe.
     """
+    evals = eval_records(records)
+    records = step_records(records)
     if not records:
         return {}
     mfus = [r["mfu"] for r in records if r["mfu"] is not None]
@@ -88,21 +109,34 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
         "step_time_s_median": statistics.median(r["step_time_s"] for r in records),
         "mfu_median": statistics.median(mfus) if mfus else None,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in records),
+        **({"final_val_loss": evals[-1]["val_loss"]} if evals else {}),
     }
 
 
 def plot_loss_curve(records: list[dict[str, Any]], path: Path, title: str = "") -> Path:
-    """Loss against step as a PNG (matplotlib's Agg backend: no display needed)."""
+    """Training (and validation) loss against step as a PNG (matplotlib's Agg backend: no
+    display needed)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], linewidth=1.2)
+    steps, evals = step_records(records), eval_records(records)
+    ax.plot([r["step"] for r in steps], [r["loss"] for r in steps], linewidth=1.2, label="train")
+    if evals:
+        ax.plot(
+            [r["step"] for r in evals],
+            [r["val_loss"] for r in evals],
+            marker="o",
+            markersize=3,
+            linewidth=1.2,
+            label="validation",
+        )
+        ax.legend()
     ax.set_xlabel("step")
-    ax.set_ylabel("training loss (nats/token)")
-    ax.set_title(title or "training loss")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title or "loss")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path)

@@ -41,6 +41,7 @@ FIXED = {
     "train.global_batch_size": "the data position and the loss scale count this batch",
     "train.seed": "it fixes the data order",
     "train.dtype": "the weights and moments were trained in this precision",
+    "data.holdout": "it moves the boundary between training and held-out tokens",
 }
 CHECKED_BY_CONTENT = frozenset({"model.preset", "model.overrides", "data.paths"})
 CHANGEABLE = frozenset(
@@ -54,6 +55,7 @@ CHANGEABLE = frozenset(
         "train.moe_aux_loss_coef",
         "train.router_bias_rate",
         "train.log_every",
+        "train.eval_every",
         "parallel.nproc",
         "parallel.backend",
         "parallel.strategy",

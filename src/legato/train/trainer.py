@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor
 from legato.atomic import write_text_atomic
 from legato.calibrate.device_peak import peak_flops
 from legato.cost.flops import training_flops_per_token
-from legato.data import PackedDataset, builtin_corpus_path, load_tokenizer, prepare_tokens
+from legato.data import PackedDataset, Tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.models import build_model
 from legato.moe import end_step
@@ -42,9 +42,11 @@ from legato.train import resume
 from legato.train.apply_strategy import compute_dtype, data_parallel, to_fp8
 from legato.train.config import TrainConfig, make_run_dir, resolve_model
 from legato.train.distributed import gradient_sync, unwrap, use_pipeline_mesh
+from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
 from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
+    EvalMetrics,
     MetricsLog,
     StepMetrics,
     format_bytes,
@@ -57,6 +59,14 @@ from legato.train.metrics import (
 from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
 from legato.train.pipeline_step import PipelineStep
 from legato.train.progress import Progress
+from legato.train.run_data import (
+    check_vocab,
+    eval_dataset,
+    resolve_tokenizer,
+    save_run_tokenizer,
+    split_holdout,
+    token_stream,
+)
 from legato.train.strategy import describe, describe_device, resolve_strategy
 
 
@@ -109,7 +119,10 @@ class Trainer:
         if self.strategy.pp > 1:
             use_pipeline_mesh(ctx, self.strategy.pp)
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
-        self.dataset, tokenizer_name = self._load_data()
+        self.dataset, self.eval_set, tokenizer = self._load_data()
+        if ctx.is_main:  # the run keeps its tokenizer, whatever happens to the cache
+            save_run_tokenizer(tokenizer, run_dir)
+        tokenizer_name = tokenizer.name
         self._build(ctx)
         start, resumed_from, changes, resumed = self._resume(run_dir)
         if ctx.is_main:  # the config as run, with the directory it ran in
@@ -131,27 +144,21 @@ class Trainer:
             result.summary = self._finish(run_dir, result)
         return result
 
-    def _load_data(self) -> tuple[PackedDataset, str]:
+    def _load_data(self) -> tuple[PackedDataset, PackedDataset | None, Tokenizer]:
+        """Training windows, the held-out evaluation set (None without data.holdout) and
+        the tokenizer."""
         data, ctx = self.config.data, self.ctx
-        cache = Path(data.cache_dir).expanduser()
         with ctx.main_first():  # rank 0 fills the caches, the others then read them
-            paths = data.paths or [str(builtin_corpus_path(cache))]
-            tokenizer = load_tokenizer(
-                data.tokenizer,
-                train_files=paths,
-                vocab_size=data.bpe_vocab_size,
-                cache_dir=cache,
-                text_field=data.text_field,
-            )
-            if tokenizer.vocab_size > self.spec.vocab_size:
-                raise ConfigError(
-                    f"model.overrides.vocab_size: the model's vocabulary ({self.spec.vocab_size}) "
-                    f"is smaller than the tokenizer's ({tokenizer.vocab_size}, data.tokenizer = "
-                    f"{data.tokenizer!r}); it must be >= {tokenizer.vocab_size}"
-                )
-            tokens = prepare_tokens(paths, tokenizer, text_field=data.text_field, cache_dir=cache)
-        dataset = PackedDataset(tokens, self.seq_len, seed=self.config.train.seed)
-        return dataset, tokenizer.name
+            tokenizer = resolve_tokenizer(data)
+            check_vocab(tokenizer, self.spec.vocab_size, data)
+            tokens = token_stream(data, tokenizer)
+        train_tokens, held_out = split_holdout(tokens, data.holdout)
+        dataset = PackedDataset(train_tokens, self.seq_len, seed=self.config.train.seed)
+        if held_out is None:
+            return dataset, None, tokenizer
+        if self.config.train.eval_every and self.strategy.pp > 1:
+            raise ConfigError("train.eval_every: must be 0 with pp > 1 (not supported yet)")
+        return dataset, eval_dataset(held_out, self.seq_len, "data.holdout"), tokenizer
 
     def _build(self, ctx: DistContext) -> None:
         cfg = self.config
@@ -282,6 +289,9 @@ class Trainer:
             if log is not None:
                 log.write(metrics)
             self.progress.update(metrics)
+            evals = cfg.train.eval_every
+            if evals and (step % evals == 0 or step == total):
+                self._evaluate(step, log)
             if every and (step % every == 0 or step == total):
                 result.checkpoint, saved = self._save(run_dir, step), step
             if step < total and self._stop_requested():
@@ -295,6 +305,26 @@ class Trainer:
         """Whether any rank got a stop signal: one tiny all-reduce, so all agree."""
         flag = torch.tensor([float(self.signals.received is not None)], device=self.ctx.device)
         return bool(self.ctx.all_reduce_sum(flag).item() > 0)
+
+    def _evaluate(self, step: int, log: MetricsLog | None) -> None:
+        """Validation loss on the held-out windows, averaged over every rank's tokens."""
+        ctx = self.ctx
+        result = evaluate(
+            self.model,
+            self.eval_set,
+            self.config.train.micro_batch_size,
+            device=ctx.device,
+            rank=ctx.dp_rank,
+            world=ctx.dp_size,
+            all_reduce=ctx.all_reduce_sum,
+            autocast=self.autocast,
+            loss_chunk=self.strategy.loss_chunk,
+        )
+        if log is not None:
+            log.write(EvalMetrics(step, result.loss, result.perplexity, result.tokens))
+        self.progress.message(
+            f"step {step}: validation loss {result.loss:.4f}, perplexity {result.perplexity:.2f}"
+        )
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
         """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
