@@ -9,8 +9,9 @@ weight-gradient GEMM, which contracts over tokens; weights whose 128x128 blocks 
 scale (log-normal, sigma 2). ``value`` is tile-wise FP8 (1x128 activations, 128x128 weights, emulated),
 ``baseline`` tensor-wise FP8 (ours; torchao's ``Float8Linear`` tensor-wise gives identical
 errors, checked in ``extra`` at the ``--quick`` size), ``ratio = value / baseline``; our
-row-wise, torchao's row-wise ``Float8Linear`` (when torchao imports) and bf16 errors are
-in ``extra``.
+row-wise, torchao's row-wise ``Float8Linear`` and bf16 errors are in ``extra``. torchao
+(the ``dev`` extra) is required: without it the benchmark stops with one line rather than
+printing rows that silently lack the comparison.
 
 Part 2 (``metric: final_loss``): preset ``tiny`` on the built-in corpus (byte tokenizer)
 trained for ``--steps`` steps in fp32 and with every block linear in tile-wise FP8
@@ -37,12 +38,15 @@ from legato.precision import convert_to_fp8, fake_quantize, get_recipe
 from legato.specs import load_model
 
 
-def _torchao_linear(recipe: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None:
-    """torchao's float8 training linear as a function of (x, w), or None without torchao."""
+def _torchao_linear(recipe: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """torchao's float8 training linear as a function of (x, w); exits if torchao is missing."""
     try:
         from torchao.float8 import Float8LinearConfig, convert_to_float8_training
-    except ImportError:
-        return None
+    except ImportError as exc:
+        raise SystemExit(
+            f"fp8_numerics: torchao is needed for its comparison columns ({exc}); "
+            "install it with pip install -e '.[dev]'"
+        ) from None
 
     def run(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         layer = torch.nn.Sequential(torch.nn.Linear(w.shape[1], w.shape[0], bias=False))
@@ -100,6 +104,7 @@ def gemm_errors(t: int, k: int, n: int) -> list[dict]:
     ao_row = _torchao_linear("rowwise")
     # torchao's tensor-wise path runs CPU torch._scaled_mm with one scale, which takes
     # minutes at 512 x 1024 x 512; at the --quick size it equals ours bit for bit.
+    # Above that size the torchao_tensorwise column is null (skipped), not missing.
     ao_tensor = _torchao_linear("tensorwise") if t * k * n <= 1 << 25 else None
     rows = []
     for case in CASES:
@@ -111,10 +116,8 @@ def gemm_errors(t: int, k: int, n: int) -> list[dict]:
             "tensorwise": _row_error(_ours("tensorwise")(x, w), ref),
             "bf16": _row_error((x.bfloat16() @ w.bfloat16().T).float(), ref),
         }
-        if ao_row:
-            errors["torchao_rowwise"] = _row_error(ao_row(x, w), ref)
-        if ao_tensor:
-            errors["torchao_tensorwise"] = _row_error(ao_tensor(x, w), ref)
+        errors["torchao_rowwise"] = _row_error(ao_row(x, w), ref)
+        errors["torchao_tensorwise"] = _row_error(ao_tensor(x, w), ref) if ao_tensor else None
         errors["ratio_vs_rowwise"] = errors["tilewise"] / errors["rowwise"]
         rows.append(
             {

@@ -1,6 +1,6 @@
 """SVPP planner evidence: the best sliced plan vs the best plan without slices, predicted.
 
-MEPipe (EuroSys'25, notes/mepipe.md) reports Llama-13B at 35% MFU on 64 RTX 4090 (24 GB,
+MEPipe (EuroSys'25; references in docs/design.md) reports Llama-13B at 35% MFU on 64 RTX 4090 (24 GB,
 PCIe) and a 1.35x mean speed-up over its baselines. Here ``legato.plan`` searches
 Llama-2 13B (``llama2-13b``, 4,096-token sequences) on the ``rtx4090-pcie`` preset with 8
 nodes (64 GPUs) twice per global batch (in sequences):

@@ -1,4 +1,4 @@
-"""The import direction of DESIGN.md is a rule: lower layers never import upper ones, and
+"""The import direction of docs/design.md is a rule: lower layers never import upper ones, and
 the planning layers (specs, cost, schedule, plan) never import torch."""
 
 from __future__ import annotations

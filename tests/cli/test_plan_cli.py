@@ -117,6 +117,26 @@ def test_plan_table(capsys):
     assert "tiny on 8 x dgx-a100" in out and "base" in out and "searched" in out
 
 
+@pytest.mark.parametrize("columns", ["80", "200"])
+def test_plan_table_keeps_strategy_strings_whole(capsys, monkeypatch, columns):
+    """Each strategy string is copied from the table into --strategy: it must appear whole
+    on one output line however narrow the terminal, beside its numbers when they fit."""
+    monkeypatch.setenv("COLUMNS", columns)
+    argv = ["--model", "llama3-8b", "--cluster", "dgx-h100", "--nodes", "4", "--gbs", "256"]
+    _, out, _ = run(capsys, "plan", *argv, "--json")
+    report = json.loads(out)
+    code, out, _ = run(capsys, "plan", *argv)
+    assert code == 0
+    lines = out.splitlines()
+    table_width = max(len(line) for line in lines if "tokens/s" in line)
+    assert table_width <= int(columns)
+    for rank, plan in [*enumerate(report["plans"], 1), ("base", report["baseline"])]:
+        row = [line.split() for line in lines if line.split()[:1] == [str(rank)]]
+        assert [plan["strategy"]] in [r[1:2] for r in row], (rank, plan["strategy"], out)
+    beside = any(plan["strategy"] in line and "%" in line for line in lines)
+    assert beside == (columns == "200")
+
+
 def test_plan_that_fits_nowhere_says_why(capsys):
     code, out, err = run(capsys, "plan", "--model", "llama3-405b", "--cluster", "dgx-a100",
                          "--gbs", "8")  # fmt: skip

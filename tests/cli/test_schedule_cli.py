@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import struct
 
 import pytest
 
@@ -44,6 +45,28 @@ def test_simulate_svpp_writes_trace_png_and_schedule(capsys, tmp_path) -> None:
     assert len(json.loads((tmp_path / "t.json").read_text())["traceEvents"]) > 4 * 8 * 2 * 2 * 3
     code, out, _ = run(capsys, "check", str(tmp_path / "s.json"))
     assert code == 0 and "ok (" in out
+
+
+def _png_size(path) -> tuple[int, int]:
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and header[12:16] == b"IHDR"
+    return struct.unpack(">II", header[16:24])
+
+
+def test_long_timeline_png_is_wrapped_and_its_path_printed(capsys, tmp_path) -> None:
+    """A 64-micro-batch timeline was one 6,600-pixel strip; it is now cut into rows of at
+    most 14 inches at 110 dpi, and the command says where the file went."""
+    png = tmp_path / "long.png"
+    code, out, err = run(capsys, "simulate", "--schedule", "1f1b", "--stages", "4",
+                         "--microbatches", "64", "--png", str(png), "--json")  # fmt: skip
+    assert code == 0 and json.loads(out)["makespan"] > 0
+    assert f"wrote timeline PNG: {png}" in err
+    width, height = _png_size(png)
+    assert width <= 14 * 110 and 600 < height <= 12 * 110
+    code, out, _ = run(capsys, "simulate", "--schedule", "1f1b", "--stages", "4",
+                       "--microbatches", "4", "--png", str(tmp_path / "short.png"))  # fmt: skip
+    assert code == 0 and f"wrote timeline PNG: {tmp_path / 'short.png'}" in out
+    assert _png_size(tmp_path / "short.png")[1] < 600  # a short one stays a single row
 
 
 def test_check_reports_problems_of_a_broken_file(capsys, tmp_path) -> None:

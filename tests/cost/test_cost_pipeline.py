@@ -53,7 +53,7 @@ def test_activation_in_flight_on_stage_0():
 
 
 def test_slice_level_memory_relative_to_1f1b_matches_mepipe():
-    """notes/mepipe.md: (p + k - 1)/(k p) = 0.344 at p = 8, k = 4."""
+    """MEPipe (EuroSys'25): (p + k - 1)/(k p) = 0.344 at p = 8, k = 4."""
     relative = in_flight_microbatches("seq1f1b", 8, M, 1, 4) / 8
     assert relative == pytest.approx(0.34375)
     svpp = in_flight_microbatches("svpp", 8, M, 2, 4) / 8

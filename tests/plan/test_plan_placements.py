@@ -1,4 +1,4 @@
-"""SBP placements and the redistribution cost table of notes/hypertron.md."""
+"""SBP placements and the redistribution cost table of docs/planner.md (after Hypertron)."""
 
 from __future__ import annotations
 

@@ -122,7 +122,7 @@ BAD = [
     (["--train.dtype=fp16"], "train.dtype: must be one of 'fp32' | 'bf16'"),
     (["--parallel.backend=mpi"], "parallel.backend: must be one of"),
     (["--parallel.fsdp=yes"], "parallel.fsdp: expected true or false"),
-    (["--data.paths=a.txt"], "data.paths: expected list of str"),
+    (["--data.paths=3"], "data.paths: expected list of str | str, got 3"),
     (["--checkpoint.keep=0"], "checkpoint.keep: must be >= 1"),
     (["--train.steps"], "--train.steps: overrides are written --section.key=value"),
     (["steps=3"], "steps=3: overrides are written"),
@@ -162,7 +162,13 @@ def test_bad_toml_file(tmp_path: Path) -> None:
         (["--train.global_batch_size=10", "--train.micro_batch_size=4"], "multiple of"),
         (["--parallel.nproc=3", "--train.global_batch_size=16"], "= 18"),
         (["MISSING.toml"], "MISSING.toml: file not found"),
-        (["--train.steps", "5"], "--train.steps: overrides are written --section.key=value"),
+        (
+            ["--train.steps", "5", "--train.stepz"],
+            "--train.stepz: overrides are written --section.key=value or --section.key value; this one has no value",
+        ),
+        (["a.toml", "--train.steps", "5", "b.toml"], "b.toml: one config file at most"),
+        (["--train.steps", "99999999999999999999"], "train.steps: must fit in 64 bits"),
+        (["--train.steps", str(2**41)], "train.steps: must be between 1 and 2**40"),
         (["--model.preset=nosuchmodel"], "unknown model 'nosuchmodel'"),
     ],
 )

@@ -13,11 +13,13 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import sys
 from typing import Any
 
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from legato.cost.calibration import CALIBRATION, Calibration, calibration_beside, load_calibration
@@ -231,7 +233,7 @@ def _scorer(calibration: Calibration) -> Scorer | None:
 
 def _console() -> Console:
     console = Console()
-    return console if console.is_terminal else Console(width=180)
+    return console if console.is_terminal or "COLUMNS" in os.environ else Console(width=180)
 
 
 def _prediction_table(result: dict[str, Any]) -> Table:
@@ -257,33 +259,49 @@ def _axes(terms: dict[str, float]) -> str:
     return ", ".join(f"{k} {v:.3g}" for k, v in terms.items() if v) or "-"
 
 
-def _print_plan(report: PlanReport) -> None:
-    data = report.to_dict()
-    console = _console()
+def _plan_table(data: dict[str, Any], rows: list[tuple[str, dict]], with_strategy: bool) -> Table:
     table = Table(
         title=f"{data['model']} on {data['devices']} x {data['cluster']}, gbs={data['gbs']}, "
         f"seq={data['seq_len']}",
         box=box.SIMPLE,
     )
-    table.add_column("#", justify="right")
-    table.add_column("strategy", overflow="fold")
+    table.add_column("#", justify="right", no_wrap=True)
+    if with_strategy:
+        table.add_column("strategy", no_wrap=True)
     for column in ("tokens/s", "step s", "MFU", "GiB", "compute s", "bubble s"):
         table.add_column(column, justify="right")
     table.add_column("exposed comm s", overflow="fold")
-    rows = [(str(i), p) for i, p in enumerate(data["plans"], 1)]
-    if data["baseline"] is not None:
-        rows.append(("base", data["baseline"]))
     for rank, p in rows:
+        strategy = [p["strategy"]] if with_strategy else []
         table.add_row(
-            rank, p["strategy"], f"{p['tokens_per_s']:,.0f}", f"{p['step_time_s']:.4g}",
+            rank, *strategy, f"{p['tokens_per_s']:,.0f}", f"{p['step_time_s']:.4g}",
             f"{p['mfu']:.1%}", f"{p['memory_gib']:.1f}", f"{p['compute_s'] or 0:.4g}",
             f"{p['bubble_s'] or 0:.4g}", _axes(p["exposed_comm_s"]),
         )  # fmt: skip
-    console.print(table)
+    return table
+
+
+def _print_plan(report: PlanReport) -> None:
+    """The plan table. Strategy strings are what users copy into ``--strategy`` or
+    ``parallel.strategy``, so they are never wrapped: on a terminal too narrow for them
+    inside the table, they are listed below it, one whole string per line."""
+    data = report.to_dict()
+    console = _console()
+    rows = [(str(i), p) for i, p in enumerate(data["plans"], 1)]
+    if data["baseline"] is not None:
+        rows.append(("base", data["baseline"]))
+    table = _plan_table(data, rows, with_strategy=True)
+    unbounded = console.options.update_width(1 << 16)
+    fits = Measurement.get(console, unbounded, table).maximum <= console.width
+    console.print(table if fits else _plan_table(data, rows, with_strategy=False))
+    if not fits:
+        console.print(f"{'#':>6}   strategy")
+        for rank, p in rows:
+            console.print(f"{rank:>6}   {p['strategy']}", soft_wrap=True)
     for line in data["plans"][0]["techniques"]:
         console.print(f"#1 uses {line}")
     if data["runner_up"]:
-        console.print(data["runner_up"])
+        console.print(data["runner_up"], soft_wrap=True)
     if data["gain_over_baseline"] is not None:
         console.print(
             f"predicted gain over the heuristic (base): {data['gain_over_baseline']:.3f}x"

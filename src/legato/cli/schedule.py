@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 from rich import box
@@ -86,6 +87,11 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
         raise ScheduleError(f"{field}: expected comma-separated integers, got {text!r}") from None
 
 
+def _wrote(what: str, path: Path, stderr: bool = False) -> None:
+    """Say where a file went (on stderr when stdout is a JSON document)."""
+    print(f"wrote {what}: {path}", file=sys.stderr if stderr else sys.stdout)
+
+
 def _run_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     costs = CostModel.parse(args.cost)
     options = {
@@ -98,10 +104,13 @@ def _run_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     result = simulate(s, costs)
     if args.save:
         write_text_atomic(args.save, s.to_json())
+        _wrote("schedule", args.save, args.json)
     if args.trace:
         write_chrome_trace(result, args.trace)
+        _wrote("Chrome trace", args.trace, args.json)
     if args.png:
         render_timeline_png(result, args.png)
+        _wrote("timeline PNG", args.png, args.json)
     if args.json:
         print(json.dumps({**result.to_dict(), "slice_bounds": list(s.slice_bounds)}, indent=1))
         return 0
@@ -134,8 +143,10 @@ def _run_pareto(args: argparse.Namespace, extra: list[str]) -> int:
     if args.json:
         write_pareto_json(points, args.json, stages=args.stages,
                           microbatches=args.microbatches, cost=args.cost)  # fmt: skip
+        _wrote("points and front JSON", args.json)
     if args.png:
         render_pareto_png(points, args.png, title)
+        _wrote("Pareto PNG", args.png)
     table = Table(box=box.SIMPLE, title=title + " (* = on the Pareto front)")
     for column in ("", "schedule", "peak / 1F1B", "bubble", "makespan"):
         table.add_column(column, justify="left" if column == "schedule" else "right")

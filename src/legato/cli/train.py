@@ -1,4 +1,4 @@
-"""``legato train [CONFIG] [--section.key=value ...]``: train a model with torch.distributed.
+"""``legato train [CONFIG] [--section.key[=]value ...]``: train a model with torch.distributed.
 
 Without torchrun in the environment and with ``parallel.nproc > 1``, the command launches
 ``nproc`` copies of itself on this host (``legato.parallel.launch``) and waits for them. A
@@ -14,7 +14,14 @@ import os
 import sys
 
 from legato.errors import ConfigError
-from legato.train.config import TrainConfig, load_config, make_run_dir, render_toml, resolve_model
+from legato.train.config import (
+    TrainConfig,
+    load_config,
+    make_run_dir,
+    render_toml,
+    resolve_model,
+    split_command_line,
+)
 from legato.train.strategy import pipeline_schedule, resolve_strategy
 
 
@@ -22,10 +29,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a model (default: a tiny model on the built-in corpus, 2 CPU processes)",
-        description="Train a model. Every config field can be overridden with "
-        "--section.key=value (a TOML literal, e.g. --train.steps=50 --data.paths='[\"a.txt\"]').",
+        usage="legato train [-h] [--help-config] [CONFIG] [--section.key[=]value ...]",
+        description="Train a model. CONFIG is a TOML config file (see examples/). Every config "
+        "field can be overridden with --section.key=value or --section.key value (a TOML "
+        "literal, e.g. --train.steps 50 --data.paths=a.txt).",
     )
-    parser.add_argument("config", nargs="?", help="a TOML config file (see examples/)")
     parser.add_argument(
         "--help-config", action="store_true", help="list every config field with its default"
     )
@@ -36,11 +44,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(render_toml(header="legato train: every config field, with its default"), end="")
         return 0
-    config_path = args.config
-    if config_path is not None and config_path.startswith("--"):
-        # argparse takes an option containing a space (--model.overrides={a = 1}) for a
-        # positional argument; it is an override.
-        config_path, extra = None, [config_path, *extra]
+    config_path, extra = split_command_line(extra)  # CONFIG is not an argparse positional
     config = load_config(config_path, extra)
     if "LOCAL_RANK" in os.environ:  # a worker of torchrun or of our own launch
         return _run_worker(config)

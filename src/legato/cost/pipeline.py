@@ -3,7 +3,7 @@
 ``p`` stages, ``m`` micro-batches per step, ``v`` model chunks per device, ``k`` sequence
 slices per micro-batch. ``t_f`` and ``t_b`` are one micro-batch's forward and backward
 time on the slowest device (all of its chunks), ``t_w`` the weight-gradient part of
-``t_b``. These are the textbook forms (see notes/mepipe.md); ``legato.schedule`` simulates
+``t_b``. These are the textbook forms (MEPipe, EuroSys'25; docs/pipeline_schedules.md); ``legato.schedule`` simulates
 the exact timeline when the planner wants it.
 """
 
@@ -77,7 +77,7 @@ def in_flight_microbatches(
     device 1F1B's stage-0 memory, ``p``; interleaved 1F1B warms up ``2(p - stage - 1) +
     (v - 1) p`` chunk units plus one (``p + (p - 1)/v`` on stage 0, Narayanan et al.);
     slice-level 1F1B holds ``(p - stage - 1 + k)/k`` (``(p + k - 1)/k`` on stage 0); SVPP
-    ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (notes/mepipe.md for stage 0; with one chunk
+    ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (MEPipe, EuroSys'25, for stage 0; with one chunk
     it is Seq1F1B, as the schedule builder's default cap ``p + k - 1`` says), or ``cap``
     slice units of ``1/(v k)`` each when a memory cap is set. Never more than ``m``.
     """

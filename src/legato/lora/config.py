@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from legato.errors import ConfigError, LegatoError
+from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict, read_table_file
 from legato.train.config import ModelSection, parse_overrides, resolve_model
@@ -87,6 +88,16 @@ class TaskSection:
         )
         for name, ok, allowed in checks:
             _require(ok, f"{where}.{name}", allowed, getattr(self, name))
+        bounds = (  # (field, low, high): see legato.specs.limits for the highs
+            ("rank", 1, MAX_BATCH),
+            ("batch_size", 1, MAX_BATCH),
+            ("seq_len", 2, MAX_SIZE),
+            ("steps", 1, MAX_STEPS),
+            ("warmup_steps", 0, MAX_STEPS),
+            ("join_at", 0, MAX_STEPS),
+        )
+        for name, low, high in bounds:
+            check_at_most(f"{where}.{name}", getattr(self, name), high, ConfigError, low)
 
     def check_fits(self, spec: ModelSpec, where: str) -> None:
         """The task's sequences must fit the base model's positions."""
@@ -109,6 +120,9 @@ class ScheduleSection:
     def __post_init__(self) -> None:
         for name in ("max_tokens_per_step", "memory_budget_gb"):
             _require(getattr(self, name) >= 0, f"schedule.{name}", ">= 0", getattr(self, name))
+        check_at_most(
+            "schedule.max_tokens_per_step", self.max_tokens_per_step, MAX_STEPS, ConfigError, 0
+        )
 
 
 @dataclass
@@ -127,6 +141,8 @@ class RunSection:
         _require(bool(self.output_dir), "run.output_dir", "a directory path", self.output_dir)
         _require(self.log_every >= 1, "run.log_every", ">= 1", self.log_every)
         _require(self.nproc >= 1, "run.nproc", ">= 1", self.nproc)
+        check_at_most("run.log_every", self.log_every, MAX_STEPS, ConfigError)
+        check_at_most("run.nproc", self.nproc, MAX_DEVICES, ConfigError)
 
 
 @dataclass

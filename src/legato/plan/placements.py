@@ -7,7 +7,7 @@ tensor dim ``d``, SBP's S(d)), ``Replicate()`` (every rank holds all of it, B) o
 planner stays torch-free; ``legato.parallel`` maps them one to one onto
 ``torch.distributed.tensor`` placements.
 
-Redistribution cost follows the table of ``notes/hypertron.md``, per device, for a group
+Redistribution cost follows the table of docs/planner.md (after Hypertron, SC'25), per device, for a group
 of ``p`` ranks holding a tensor of ``T`` bytes (the part of the logical tensor that the
 group covers, i.e. divided by the shard factors of the *other* axes):
 

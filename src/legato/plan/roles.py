@@ -16,7 +16,7 @@ Roles:
   all-reduced at the residual), vocab-parallel embedding and LM head + loss.
 * ``tp_sp``: ``tp`` plus sequence parallelism: the residual stream, norms and dropout are
   sequence-split (S(1)), so the all-reduce becomes reduce-scatter + all-gather.
-* ``tp_x`` / ``tp_y``: the 2-D weight-stationary layout of ``notes/hypertron.md``. ``tp_y``
+* ``tp_x`` / ``tp_y``: the 2-D weight-stationary layout of Hypertron (SC'25; docs/planner.md). ``tp_y``
   is ``tp_sp``. ``tp_x`` is the transposed pattern: the residual stream is hidden-split
   (S(2)), Q/K/V and MLP up are row-parallel (weight S(1) in torch's [out, in], output P,
   reduce-scattered over the sequence), the attention core takes sequence-split queries

@@ -37,6 +37,7 @@ from legato.plan.space import (
     strategy_of,
 )
 from legato.specs.cluster import ClusterSpec
+from legato.specs.limits import MAX_BATCH, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 
@@ -142,6 +143,7 @@ def search(
     """The ``top_k`` fastest strategies for ``gbs`` sequences per step that fit."""
     if gbs < 1:
         raise PlanError(f"gbs must be >= 1, got {gbs}")
+    check_at_most("gbs", gbs, MAX_BATCH, PlanError)
     space = space or SearchSpace()
     scorer = scorer or default_scorer()
     devices = cluster.world_size

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from legato.errors import SpecError
 from legato.specs.device import DeviceSpec, Link
+from legato.specs.limits import MAX_DEVICES, check_at_most
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,13 @@ class ClusterSpec:
             raise SpecError(
                 f"cluster {self.name}: devices_per_node must be >= 1, got {self.devices_per_node}"
             )
+        check_at_most(f"cluster {self.name}: nodes", self.nodes, MAX_DEVICES, SpecError)
+        check_at_most(
+            f"cluster {self.name}: nodes x devices_per_node",
+            self.world_size,
+            MAX_DEVICES,
+            SpecError,
+        )
         if not self.levels:
             raise SpecError(f"cluster {self.name}: needs at least one link level")
         spans = [level.span for level in self.levels]

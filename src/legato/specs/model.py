@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from legato.errors import SpecError
+from legato.specs.limits import MAX_SIZE, check_at_most
 
 MlpKind = Literal["gelu", "swiglu"]
 NormKind = Literal["rmsnorm", "layernorm"]
@@ -38,6 +39,10 @@ class MoESpec:
 
     def __post_init__(self) -> None:
         _require(self.num_experts >= 1, f"moe.num_experts must be >= 1, got {self.num_experts}")
+        check_at_most("moe.num_experts", self.num_experts, MAX_SIZE, SpecError)
+        check_at_most(
+            "moe.expert_ffn_hidden_size", self.expert_ffn_hidden_size, MAX_SIZE, SpecError
+        )
         _require(
             1 <= self.top_k <= self.num_experts,
             f"moe.top_k must be between 1 and moe.num_experts ({self.num_experts}), got {self.top_k}",
@@ -95,6 +100,7 @@ class ModelSpec:
         for name in ("hidden_size", "num_layers", "num_heads", "vocab_size", "seq_len"):
             value = getattr(self, name)
             _require(value >= 1, f"{name} must be a positive integer, got {value}")
+            check_at_most(name, value, MAX_SIZE, SpecError)
         if self.num_kv_heads is None:
             object.__setattr__(self, "num_kv_heads", self.num_heads)
         if self.ffn_hidden_size is None:
@@ -111,6 +117,7 @@ class ModelSpec:
             f"num_kv_heads must divide num_heads ({self.num_heads}), got {self.num_kv_heads}",
         )
         _require(self.ffn_hidden_size >= 1, "ffn_hidden_size must be >= 1")
+        check_at_most("ffn_hidden_size", self.ffn_hidden_size, MAX_SIZE, SpecError)
         _require(self.head_dim >= 1, "head_dim must be >= 1")
         if self.position == "rope" and self.mla is None:
             _require(self.head_dim % 2 == 0, f"rope needs an even head_dim, got {self.head_dim}")

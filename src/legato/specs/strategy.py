@@ -25,6 +25,7 @@ from dataclasses import dataclass, fields, replace
 from typing import Literal
 
 from legato.errors import LegatoError
+from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 
 
@@ -40,6 +41,13 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MOE_OVERLAPS = ("none", "domino", "comet")
 BOOLEANS = ("sp", "swap")
+# Largest value of each integer key (see legato.specs.limits for why these).
+UPPER_BOUNDS = {
+    **dict.fromkeys(("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp"), MAX_DEVICES),
+    **dict.fromkeys(("mbs", "gbs"), MAX_BATCH),
+    **dict.fromkeys(("slices", "memory_cap", "moe_chunks", "moe_groups"), MAX_SIZE),
+    "loss_chunk": MAX_STEPS,
+}
 
 
 @dataclass(frozen=True)
@@ -82,6 +90,9 @@ class Strategy:
         for name in ("memory_cap", "loss_chunk"):
             if getattr(self, name) < 0:
                 raise StrategyError(f"strategy.{name} must be >= 0, got {getattr(self, name)}")
+        for name, bound in UPPER_BOUNDS.items():
+            low = 0 if name in ("memory_cap", "loss_chunk") else 1
+            check_at_most(f"strategy.{name}", getattr(self, name), bound, StrategyError, low)
         if self.tp % self.tp_y:
             raise StrategyError(f"strategy.tp_y ({self.tp_y}) must divide tp ({self.tp})")
         if self.zero not in (0, 1, 2, 3):

@@ -91,6 +91,8 @@ def convert(value: Any, tp: Any, where: str, error: type[LegatoError] = LegatoEr
             if isinstance(value, float) and value.is_integer():
                 return int(value)
             raise error(f"{where}: expected an integer, got {value!r}")
+        if not -(2**63) <= value < 2**63:  # torch and numpy store integers in 64 bits
+            raise error(f"{where}: must fit in 64 bits (-2**63 to 2**63 - 1), got {value}")
         return value
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -134,15 +136,23 @@ def to_dict(obj: Any) -> dict[str, Any]:
 def read_table_file(path: str | Path, error: type[LegatoError] = LegatoError) -> dict[str, Any]:
     """Read a TOML or JSON file into a dict, with a one-line error on any problem."""
     path = Path(path)
+    kind = "JSON" if path.suffix == ".json" else "TOML"
+    if path.is_dir():
+        raise error(f"{path}: is a directory; expected a {kind} file")
     if not path.is_file():
         raise error(f"{path}: file not found")
-    text = path.read_text(encoding="utf-8")
     try:
-        data = json.loads(text) if path.suffix == ".json" else tomllib.loads(text)
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
         raise error(
-            f"{path}: malformed {path.suffix.lstrip('.').upper() or 'TOML'}: {exc}"
+            f"{path}: not UTF-8 (byte {exc.start}); {kind} files must be UTF-8 text"
         ) from None
+    except OSError as exc:
+        raise error(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        data = json.loads(text) if kind == "JSON" else tomllib.loads(text)
+    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise error(f"{path}: malformed {kind}: {exc}") from None
     if not isinstance(data, dict):
         raise error(f"{path}: expected a table at the top level")
     return data

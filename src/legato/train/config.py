@@ -1,4 +1,4 @@
-"""TrainConfig: every knob of ``legato train``, read from TOML plus ``--section.key=value``.
+"""TrainConfig: every knob of ``legato train``, from TOML plus ``--section.key[=]value``.
 
 The config is a tree of dataclass sections; each field carries its documentation in its
 metadata, so ``legato train --help-config`` and ``examples/tiny.toml`` are rendered from the
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from legato.errors import ConfigError, SpecError
+from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict, read_table_file, to_dict, toml_literal
 
@@ -35,6 +36,12 @@ def _doc(default: Any, doc: str) -> Any:
 def _require(ok: bool, name: str, allowed: str, value: Any) -> None:
     if not ok:
         raise ConfigError(f"{name}: must be {allowed}, got {value!r}")
+
+
+def _at_most(section: Any, name: str, bound: int, low: int = 1) -> None:
+    """The upper bound of an integer field, ``low`` its lower one (see legato.specs.limits)."""
+    prefix = type(section).__name__.removesuffix("Section").lower()
+    check_at_most(f"{prefix}.{name}", getattr(section, name), bound, ConfigError, low)
 
 
 @dataclass
@@ -55,9 +62,12 @@ class ModelSection:
 class DataSection:
     """Where the tokens come from."""
 
-    paths: list[str] = field(
+    paths: list[str] | str = field(
         default_factory=list,
-        metadata={"doc": "text/jsonl/parquet files, folders or globs; empty = the built-in corpus"},
+        metadata={
+            "doc": "text/jsonl/parquet files, folders or globs (a list, or one string); "
+            "empty = the built-in corpus"
+        },
     )
     text_field: str = _doc("text", "jsonl key / parquet column holding each document")
     tokenizer: str = _doc("byte", "'byte', 'bpe' (trained on data.paths) or a tokenizer.json path")
@@ -71,12 +81,16 @@ class DataSection:
     )
 
     def __post_init__(self) -> None:
+        if isinstance(self.paths, str):  # `paths = "a.txt"` means the list of that one file
+            self.paths = [self.paths] if self.paths else []
         _require(bool(self.text_field), "data.text_field", "a non-empty string", self.text_field)
         _require(bool(self.tokenizer), "data.tokenizer", "'byte', 'bpe' or a path", self.tokenizer)
         _require(self.bpe_vocab_size >= 257, "data.bpe_vocab_size", ">= 257", self.bpe_vocab_size)
         _require(self.seq_len >= 0, "data.seq_len", ">= 0 (0 = the model's)", self.seq_len)
         _require(0 <= self.holdout < 1, "data.holdout", "in [0, 1)", self.holdout)
         _require(bool(self.cache_dir), "data.cache_dir", "a directory path", self.cache_dir)
+        _at_most(self, "bpe_vocab_size", MAX_SIZE, low=257)
+        _at_most(self, "seq_len", MAX_SIZE, low=0)
 
 
 @dataclass
@@ -108,6 +122,7 @@ class OptimSection:
         _require(self.eps > 0, "optim.eps", "> 0", self.eps)
         _require(self.grad_clip >= 0, "optim.grad_clip", ">= 0 (0 = off)", self.grad_clip)
         _require(self.warmup_steps >= 0, "optim.warmup_steps", ">= 0", self.warmup_steps)
+        _at_most(self, "warmup_steps", MAX_STEPS, low=0)
 
 
 @dataclass
@@ -158,6 +173,11 @@ class TrainSection:
         )
         _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
         _require(self.eval_every >= 0, "train.eval_every", ">= 0 (0 = never)", self.eval_every)
+        _at_most(self, "steps", MAX_STEPS)
+        _at_most(self, "log_every", MAX_STEPS)
+        _at_most(self, "eval_every", MAX_STEPS, low=0)
+        _at_most(self, "global_batch_size", MAX_BATCH)
+        _at_most(self, "micro_batch_size", MAX_BATCH)
         _require(
             not self.fp8_all_gather or self.dtype in ("fp8", "fp8-rowwise"),
             "train.fp8_all_gather",
@@ -190,6 +210,7 @@ class ParallelSection:
         from legato.train.strategy import parse_strategy
 
         _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
+        _at_most(self, "nproc", MAX_DEVICES)
         parse_strategy(self.strategy)  # a ConfigError now rather than after the launch
 
 
@@ -205,6 +226,8 @@ class CheckpointSection:
         _require(self.every >= 0, "checkpoint.every", ">= 0 (0 = never)", self.every)
         _require(self.keep >= 1, "checkpoint.keep", ">= 1", self.keep)
         _require(bool(self.resume), "checkpoint.resume", "'auto', 'none' or a path", self.resume)
+        _at_most(self, "every", MAX_STEPS, low=0)
+        _at_most(self, "keep", MAX_STEPS)
 
 
 @dataclass
@@ -260,17 +283,53 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return from_dict(TrainConfig, merged, "", ConfigError)
 
 
-def parse_overrides(args: list[str]) -> dict[str, Any]:
-    """``["--train.steps=10", "--model.overrides.num_layers=2"]`` -> nested dict.
+def split_command_line(tokens: list[str]) -> tuple[str | None, list[str]]:
+    """``(config file or None, overrides as --section.key=value)`` of a command line.
 
-    Values are TOML literals (``10``, ``3e-4``, ``true``, ``["a.txt"]``, ``{x = 1}``);
-    anything else is taken as a plain string, so ``--train.dtype=bf16`` needs no quotes.
-    Dashes in keys are read as underscores.
+    Users type both ``--train.steps=10`` and ``--train.steps 10``: a ``--key`` without
+    ``=`` takes the next token as its value. Any other token is the config file, which
+    may come before, between or after the overrides (argparse would take the value of a
+    space-form override for the positional CONFIG, so the CLI leaves both to this).
     """
+    positionals: list[str] = []
+    overrides: list[str] = []
+    tokens = list(tokens)
+    while tokens:
+        arg = tokens.pop(0)
+        if not arg.startswith("--"):
+            positionals.append(arg)
+        elif "=" in arg:
+            overrides.append(arg)
+        elif tokens and not tokens[0].startswith("--"):
+            overrides.append(f"{arg}={tokens.pop(0)}")
+        else:
+            raise ConfigError(
+                f"{arg}: overrides are written --section.key=value or --section.key value; "
+                "this one has no value"
+            )
+    if len(positionals) > 1:
+        raise ConfigError(
+            f"{positionals[1]}: one config file at most (already given {positionals[0]}); "
+            "overrides are written --section.key=value or --section.key value"
+        )
+    return (positionals[0] if positionals else None), overrides
+
+
+def parse_overrides(args: list[str]) -> dict[str, Any]:
+    """``["--train.steps=10", "--model.overrides.num_layers", "2"]`` -> nested dict.
+
+    Both ``--section.key=value`` and ``--section.key value`` are accepted. Values are TOML
+    literals (``10``, ``3e-4``, ``true``, ``["a.txt"]``, ``{x = 1}``); anything else is
+    taken as a plain string, so ``--train.dtype=bf16`` needs no quotes. Dashes in keys are
+    read as underscores.
+    """
+    config, overrides = split_command_line(args)
+    if config is not None:
+        raise ConfigError(
+            f"{config}: overrides are written --section.key=value or --section.key value"
+        )
     tree: dict[str, Any] = {}
-    for arg in args:
-        if not arg.startswith("--") or "=" not in arg:
-            raise ConfigError(f"{arg}: overrides are written --section.key=value")
+    for arg in overrides:
         key, raw = arg[2:].split("=", 1)
         parts = key.replace("-", "_").split(".")
         if len(parts) < 2 or not all(parts):

@@ -5,7 +5,7 @@ Why our own executor and not ``torch.distributed.pipelining``'s
 units are whole micro-batches. A slice-level schedule needs per-slice K/V state carried
 between units and its gradient added back, and combined with the runtime's I/W split
 (which re-walks a retained graph from captured intermediate gradients) that trick gave
-silently wrong gradients (``notes/mepipe.md``). Here each (micro-batch, slice, stage) unit
+silently wrong gradients (docs/pipeline_schedules.md). Here each (micro-batch, slice, stage) unit
 owns an independent autograd graph (``legato.models.slice_attention``), B is one
 ``torch.autograd.grad`` w.r.t. the stage input, the K/V prefix leaves and the non-linear
 parameters, and W runs the deferred dW = dY^T X GEMMs (``weight_grad``). Every schedule
