@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 
+FORMATS = ("hf",)  # here, not in train.export: building the parser must not import torch
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    from legato.train.export import FORMATS
-
     parser = subparsers.add_parser(
         "export",
         help="write a trained checkpoint as a Hugging Face model folder",

@@ -25,8 +25,6 @@ from legato.models.hf_checkpoint import save_safetensors
 from legato.models.hf_config import hf_architecture
 from legato.train.trained_model import TrainedModel
 
-FORMATS = ("hf",)
-
 
 def tokenizer_config(tokenizer: Tokenizer, max_length: int) -> dict[str, Any]:
     """``tokenizer_config.json``: the fast tokenizer class and its special tokens."""
