@@ -25,14 +25,16 @@ pytestmark = pytest.mark.distributed
 # Two processes sum their gradients in another order than one: fp32 rounding differs in
 # the last bits and grows a little over steps; 1e-5 on losses ~5 is far below any real bug.
 LOSS_TOLERANCE = 1e-5
-# Gradients (each parameter's, 2-norm relative) and their norms: fp32 differs by the
+# Each parameter's first-step gradient, 2-norm relative: fp32 differs by the
 # reduction order's rounding only (seen: 5e-8); bf16 computes with 8-bit mantissas
 # (2**-8 = 4e-3 per rounding) along another path than the one process (FSDP2's bf16
 # parameters vs autocast; seen 7e-3); FP8 rounds weights and activations to 3-bit e4m3
 # mantissas (6% per rounding) in tiles that differ with the layout (seen: 0.11). A wrong
 # gradient factor (a missed or doubled 1/world) is off by >= 0.5.
 GRAD_RTOL = {"fsdp": 1e-5, "ddp": 1e-5, "fsdp-bf16": 3e-2, "fsdp-fp8-gather": 0.25}
-NORM_RTOL = {"ddp": 1e-5, "fsdp-bf16": 3e-2, "fsdp-fp8-gather": 0.25}  # against fp32
+# every step's norm against one fp32 process: rounding averages out over a whole model
+# (seen: bf16 1.2e-3, FP8 4e-3 over 6 steps)
+NORM_RTOL = {"ddp": 1e-5, "fsdp-bf16": 1e-2, "fsdp-fp8-gather": 3e-2}
 MODES = {
     "fsdp": (),
     "ddp": ("--parallel.fsdp=false",),
@@ -80,7 +82,9 @@ def gradients(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dic
             for mode, extra in MODES.items()
         }
 
-    ones = {mode: first_step_gradients(args) for mode, args in runs("one").items()}
+    # one process has no FSDP/DDP choice: the fp32 reference serves both
+    ones = {mode: first_step_gradients(args) for mode, args in runs("one").items() if mode != "ddp"}
+    ones["ddp"] = ones["fsdp"]
     ranks = run_ranks(train_on_rank, {}, runs("two"))
     return {mode: (ones[mode], [r["gradients"][mode] for r in ranks]) for mode in MODES}
 
