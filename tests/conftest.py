@@ -1,19 +1,13 @@
-"""Fixtures shared by every test package: free ports, run directories, a small corpus."""
+"""Fixtures shared by every test package: run directories, a small corpus.
+
+Multi-process tests run their ranks through ``gloo_harness.run_ranks`` (this directory is on
+``sys.path`` because this conftest lives here)."""
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
-
-
-@pytest.fixture
-def free_port() -> int:
-    """A TCP port on localhost that was free a moment ago (for a process group's store)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 @pytest.fixture

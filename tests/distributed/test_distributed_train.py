@@ -18,7 +18,9 @@ import time
 from pathlib import Path
 
 import pytest
+from trainer_gradients import assert_same_gradients, first_step_gradients, grad_norms, train_on_rank
 
+from gloo_harness import run_ranks
 from legato.train.config import load_config
 from legato.train.trainer import Trainer
 
@@ -27,6 +29,22 @@ pytestmark = pytest.mark.distributed
 # Two processes sum their gradients in another order than one: fp32 rounding differs in
 # the last bits and grows a little over steps; 1e-5 on losses ~5 is far below any real bug.
 LOSS_TOLERANCE = 1e-5
+# Each parameter's first-step gradient, 2-norm relative: fp32 differs by the
+# reduction order's rounding only (seen: 5e-8); bf16 computes with 8-bit mantissas
+# (2**-8 = 4e-3 per rounding) along another path than the one process (FSDP2's bf16
+# parameters vs autocast; seen 7e-3); FP8 rounds weights and activations to 3-bit e4m3
+# mantissas (6% per rounding) in tiles that differ with the layout (seen: 0.11). A wrong
+# gradient factor (a missed or doubled 1/world) is off by >= 0.5.
+GRAD_RTOL = {"fsdp": 1e-5, "ddp": 1e-5, "fsdp-bf16": 3e-2, "fsdp-fp8-gather": 0.25}
+# every step's norm against one fp32 process: rounding averages out over a whole model
+# (seen: bf16 1.2e-3, FP8 4e-3 over 6 steps)
+NORM_RTOL = {"ddp": 1e-5, "fsdp-bf16": 1e-2, "fsdp-fp8-gather": 3e-2}
+MODES = {
+    "fsdp": (),
+    "ddp": ("--parallel.fsdp=false",),
+    "fsdp-bf16": ("--train.dtype=bf16",),
+    "fsdp-fp8-gather": ("--train.dtype=fp8", "--train.fp8_all_gather=true"),
+}
 
 
 def _launch(args: list[str], nproc: int = 2) -> subprocess.CompletedProcess[str]:
@@ -50,11 +68,46 @@ def fsdp_run(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> Path
     return run
 
 
-def test_two_processes_match_one(fsdp_run: Path, small_train_args, tmp_path: Path) -> None:
-    one = Trainer(load_config(None, small_train_args(tmp_path / "one", "--parallel.nproc=1"))).fit()
+@pytest.fixture(scope="module")
+def one_process(small_train_args, tmp_path_factory: pytest.TempPathFactory):
+    """The same 6 steps in this process (one process, no group)."""
+    run = tmp_path_factory.mktemp("one") / "run"
+    return Trainer(load_config(None, small_train_args(run, "--parallel.nproc=1"))).fit()
+
+
+@pytest.fixture(scope="module")
+def gradients(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """First-step gradients of every mode: {mode: (one process, [rank 0, rank 1])}."""
+    root = tmp_path_factory.mktemp("gradients")
+
+    def runs(side: str) -> dict[str, list[str]]:
+        return {
+            mode: small_train_args(root / side / mode, "--train.micro_batch_size=2", *extra)
+            for mode, extra in MODES.items()
+        }
+
+    # one process has no FSDP/DDP choice: the fp32 reference serves both
+    ones = {mode: first_step_gradients(args) for mode, args in runs("one").items() if mode != "ddp"}
+    ones["ddp"] = ones["fsdp"]
+    ranks = run_ranks(train_on_rank, {}, runs("two"))
+    return {mode: (ones[mode], [r["gradients"][mode] for r in ranks]) for mode in MODES}
+
+
+@pytest.mark.parametrize("mode", list(MODES))
+def test_first_step_gradients_match_one_process(mode: str, gradients: dict) -> None:
+    """Every parameter's full gradient (FSDP2 shards gathered) equals one process's."""
+    one, ranks = gradients[mode]
+    assert one and all(g.abs().sum() > 0 for g in one.values())
+    assert_same_gradients(ranks, one, GRAD_RTOL[mode])
+
+
+def test_two_processes_match_one(fsdp_run: Path, one_process) -> None:
+    one = one_process
     two = _losses(fsdp_run)
     assert list(two) == one.steps == [1, 2, 3, 4, 5, 6]
     assert list(two.values()) == pytest.approx(one.losses, abs=LOSS_TOLERANCE, rel=0)
+    want = grad_norms(one.run_dir)
+    assert grad_norms(fsdp_run) == pytest.approx(want, rel=GRAD_RTOL["fsdp"])
     meta = json.loads((fsdp_run / "checkpoints" / "step_000006" / "meta.json").read_text())
     assert meta["world_size"] == 2
     assert {"__0_0.distcp", "__1_0.distcp", "rng_rank0.json", "rng_rank1.json"} <= set(
@@ -89,23 +142,21 @@ def test_corrupt_checkpoint_fails_with_one_line(
 
 @pytest.mark.parametrize(
     ("mode", "tolerance"),
-    [
-        (("--parallel.fsdp=false",), LOSS_TOLERANCE),
-        (("--train.dtype=bf16",), 0.05),
-        (("--train.dtype=fp8", "--train.fp8_all_gather=true"), 0.1),
-    ],
-    ids=["ddp", "fsdp-bf16", "fsdp-fp8-gather"],
+    [("ddp", LOSS_TOLERANCE), ("fsdp-bf16", 0.05), ("fsdp-fp8-gather", 0.1)],
 )
 def test_other_modes_track_fsdp_fp32(
-    mode: tuple[str, ...], tolerance: float, fsdp_run: Path, small_train_args, tmp_path: Path
+    mode: str, tolerance: float, fsdp_run: Path, one_process, small_train_args, tmp_path: Path
 ) -> None:
     """DDP gives the same losses; bf16 mixed precision (FSDP2's policy) and FP8 linears
-    with FP8 weight all-gather stay close."""
+    with FP8 weight all-gather stay close. Every step's gradient norm tracks one fp32
+    process's (a norm, unlike a loss, scales with a wrong gradient factor)."""
     run = tmp_path / "run"
-    proc = _launch(small_train_args(run, "--train.micro_batch_size=2", *mode))
+    proc = _launch(small_train_args(run, "--train.micro_batch_size=2", *MODES[mode]))
     assert proc.returncode == 0, proc.stderr
     got, want = _losses(run), _losses(fsdp_run)
     assert list(got.values()) == pytest.approx(list(want.values()), abs=tolerance, rel=0)
+    norms = grad_norms(one_process.run_dir)
+    assert grad_norms(run) == pytest.approx(norms, rel=NORM_RTOL[mode])
 
 
 def test_two_process_checkpoint_resumes_in_one_process(

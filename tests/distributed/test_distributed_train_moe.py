@@ -16,20 +16,30 @@ import sys
 from pathlib import Path
 
 import pytest
+from trainer_gradients import assert_same_gradients, first_step_gradients, grad_norms, train_on_rank
 
+from gloo_harness import run_ranks
 from legato.train.config import load_config
-from legato.train.trainer import Trainer
+from legato.train.trainer import Trainer, TrainResult
 
 pytestmark = pytest.mark.distributed
 
 # fp32 rounding of the all-to-all/gradient-reduction order only; losses are ~5.
 LOSS_TOLERANCE = 1e-5
+# gradients (each parameter's, 2-norm relative) and every step's gradient norm: the same
+# rounding; a wrong gradient factor is off by >= 0.5
+GRAD_RTOL = 1e-5
 TINY_MOE = (
     "{num_layers = 2, hidden_size = 32, num_heads = 2, num_kv_heads = 1, ffn_hidden_size = 64, "
     "vocab_size = 258, seq_len = 64, moe = {num_experts = 4, top_k = 2, "
     "expert_ffn_hidden_size = 64}}"
 )
 COMET = "--parallel.strategy=ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2"
+EP_MODES = {
+    "plain": "--parallel.strategy=ep=2",
+    "comet": COMET,
+    "swap-chunked-loss": "--parallel.strategy=ep=2,swap=1,loss_chunk=96",
+}
 
 
 def _args(small_train_args, run: Path, *extra: str) -> list[str]:
@@ -49,11 +59,26 @@ def _losses(run_dir: Path) -> list[float]:
 
 
 @pytest.fixture(scope="module")
-def one_process(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+def one_process(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> TrainResult:
     run = tmp_path_factory.mktemp("one") / "run"
-    return (
-        Trainer(load_config(None, _args(small_train_args, run, "--parallel.nproc=1"))).fit().losses
-    )
+    return Trainer(load_config(None, _args(small_train_args, run, "--parallel.nproc=1"))).fit()
+
+
+@pytest.fixture(scope="module")
+def gradients(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> tuple[dict, list]:
+    """First-step gradients: one process, and every EP mode's on both ranks."""
+    root = tmp_path_factory.mktemp("gradients")
+    one = first_step_gradients(_args(small_train_args, root / "one", "--parallel.nproc=1"))
+    runs = {name: _args(small_train_args, root / name, s) for name, s in EP_MODES.items()}
+    return one, run_ranks(train_on_rank, {}, runs)
+
+
+@pytest.mark.parametrize("mode", list(EP_MODES))
+def test_ep_first_step_gradients_match_one_process(mode: str, gradients) -> None:
+    """Experts (DTensors on the EP mesh) and the FSDP2-sharded dense part, by name."""
+    one, ranks = gradients
+    assert any(".experts." in name for name in one)
+    assert_same_gradients([r["gradients"][mode] for r in ranks], one, GRAD_RTOL)
 
 
 @pytest.fixture(scope="module")
@@ -67,18 +92,21 @@ def comet_run(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return run
 
 
-def test_comet_ep_matches_one_process(comet_run: Path, one_process: list[float]) -> None:
-    assert len(one_process) == 4 and one_process[0] != one_process[-1]
-    assert _losses(comet_run) == pytest.approx(one_process, abs=LOSS_TOLERANCE, rel=0)
+def test_comet_ep_matches_one_process(comet_run: Path, one_process: TrainResult) -> None:
+    losses = one_process.losses
+    assert len(losses) == 4 and losses[0] != losses[-1]
+    assert _losses(comet_run) == pytest.approx(losses, abs=LOSS_TOLERANCE, rel=0)
+    assert grad_norms(comet_run) == pytest.approx(grad_norms(one_process.run_dir), rel=GRAD_RTOL)
 
 
 def test_plain_ep_matches_one_process(
-    small_train_args, one_process: list[float], tmp_path: Path
+    small_train_args, one_process: TrainResult, tmp_path: Path
 ) -> None:
     run = tmp_path / "run"
-    proc = _launch(_args(small_train_args, run, "--parallel.strategy=ep=2"))
+    proc = _launch(_args(small_train_args, run, EP_MODES["plain"]))
     assert proc.returncode == 0, proc.stderr
-    assert _losses(run) == pytest.approx(one_process, abs=LOSS_TOLERANCE, rel=0)
+    assert _losses(run) == pytest.approx(one_process.losses, abs=LOSS_TOLERANCE, rel=0)
+    assert grad_norms(run) == pytest.approx(grad_norms(one_process.run_dir), rel=GRAD_RTOL)
 
 
 def test_ep_checkpoint_resumes_exactly(comet_run: Path, small_train_args, tmp_path: Path) -> None:
@@ -92,10 +120,11 @@ def test_ep_checkpoint_resumes_exactly(comet_run: Path, small_train_args, tmp_pa
 
 
 def test_ep_with_swap_and_chunked_loss_matches_one_process(
-    small_train_args, one_process: list[float], tmp_path: Path
+    small_train_args, one_process: TrainResult, tmp_path: Path
 ) -> None:
     """FSDP2 gathers the root (LM head) around the chunked loss's ``hidden_states`` call."""
     run = tmp_path / "run"
-    proc = _launch(_args(small_train_args, run, "--parallel.strategy=ep=2,swap=1,loss_chunk=96"))
+    proc = _launch(_args(small_train_args, run, EP_MODES["swap-chunked-loss"]))
     assert proc.returncode == 0, proc.stderr
-    assert _losses(run) == pytest.approx(one_process, abs=LOSS_TOLERANCE, rel=0)
+    assert _losses(run) == pytest.approx(one_process.losses, abs=LOSS_TOLERANCE, rel=0)
+    assert grad_norms(run) == pytest.approx(grad_norms(one_process.run_dir), rel=GRAD_RTOL)

@@ -9,17 +9,15 @@ data-parallel run on the same global batch.
 
 from __future__ import annotations
 
-import datetime
 import json
-import os
 from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from test_distributed_train import _launch, _losses
+from trainer_gradients import assert_same_gradients, first_step_gradients, grad_norms, train_on_rank
 
+from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.parallel.pipeline import token_cross_entropy
 from legato.parallel.process_group import join
@@ -35,6 +33,7 @@ pytestmark = pytest.mark.distributed
 # fp32: the pipeline sums the same terms in another order (per micro-batch, per slice, W
 # as separate GEMMs), so losses differ by rounding only (seen: ~5e-7 on losses ~5).
 LOSS_TOLERANCE = 1e-5
+GRAD_RTOL = 1e-5  # each parameter's first-step gradient, 2-norm relative; the same rounding
 # 4 layers (pp*vpp = 4 stages), tied embeddings (a copy on the first and the last stage)
 MODEL = ("--model.overrides.num_layers=4", "--model.overrides.tied_embeddings=true")
 BATCH = ("--train.global_batch_size=8", "--train.micro_batch_size=2")  # 4 micro-batches
@@ -48,11 +47,6 @@ CASES = {
 
 def _args(small_train_args, run: Path, *extra: str) -> list[str]:
     return small_train_args(run, *MODEL, *BATCH, *extra)
-
-
-def _grad_norms(run_dir: Path) -> list[float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return [json.loads(line)["grad_norm"] for line in lines]
 
 
 def _gradient_sum_case(rank: int) -> dict:
@@ -85,20 +79,8 @@ def _gradient_sum_case(rank: int) -> dict:
             "worst_grad_error": worst}  # fmt: skip
 
 
-def _worker(rank: int, store: str, runs: dict[str, list[str]], out: str) -> None:
-    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", LOCAL_WORLD_SIZE="2")
-    timeout = datetime.timedelta(seconds=120)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timeout)  # fmt: skip
-    try:
-        results = {
-            name: Trainer(load_config(None, args)).fit().losses for name, args in runs.items()
-        }
-        results["gradient_sum"] = _gradient_sum_case(rank)
-        Path(out, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, runs: dict[str, list[str]], gradient_runs: dict[str, list[str]]) -> dict:
+    return {**train_on_rank(rank, runs, gradient_runs), "gradient_sum": _gradient_sum_case(rank)}
 
 
 @pytest.fixture(scope="module")
@@ -110,8 +92,16 @@ def reference(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> Tra
 
 
 @pytest.fixture(scope="module")
-def pipeline(reference, small_train_args, tmp_path_factory) -> tuple[Path, dict, list[dict]]:
-    """Every case in one spawn: (root of the run dirs, rank 0's losses, both ranks' results)."""
+def reference_gradients(small_train_args, tmp_path_factory) -> dict[str, torch.Tensor]:
+    """The one-process data-parallel run's first-step gradients."""
+    run = tmp_path_factory.mktemp("reference-gradients") / "run"
+    return first_step_gradients(_args(small_train_args, run, "--parallel.nproc=1"))
+
+
+@pytest.fixture(scope="module")
+def pipeline(reference, reference_gradients, small_train_args, tmp_path_factory) -> tuple:
+    """Every case in one spawn: (root of the run dirs, rank 0's losses, both ranks'
+    gradient-sum results, {case: both ranks' first-step gradients})."""
     root = tmp_path_factory.mktemp("pipeline")
     runs = {
         name: _args(small_train_args, root / name, f"--parallel.strategy={text}")
@@ -123,19 +113,28 @@ def pipeline(reference, small_train_args, tmp_path_factory) -> tuple[Path, dict,
         small_train_args, root / "resumed", f"--parallel.strategy={CASES['interleaved']}",
         f"--checkpoint.resume={step3}",
     )  # fmt: skip
-    mp.spawn(_worker, args=(str(root / "store"), runs, str(root)), nprocs=2, join=True)
-    ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in range(2)]
-    return root, ranks[0], [r["gradient_sum"] for r in ranks]
+    gradient_runs = {
+        name: _args(small_train_args, root / "gradients" / name, f"--parallel.strategy={text}")
+        for name, text in CASES.items()
+    }
+    ranks = run_ranks(_worker, runs, gradient_runs)
+    gradients = {name: [r["gradients"][name] for r in ranks] for name in CASES}
+    return root, ranks[0]["losses"], [r["gradient_sum"] for r in ranks], gradients
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_pipeline_schedule_matches_one_process(name: str, reference, pipeline) -> None:
-    root, losses, _ = pipeline
+def test_pipeline_schedule_matches_one_process(
+    name: str, reference, reference_gradients, pipeline
+) -> None:
+    root, losses, _, gradients = pipeline
     assert losses[name] == pytest.approx(reference.losses, abs=LOSS_TOLERANCE, rel=0)
     assert _losses(root / name) == dict(zip(reference.steps, losses[name], strict=True))
     # the global norm over both pipeline ranks, the tied embedding counted once
-    want = _grad_norms(reference.run_dir)
-    assert _grad_norms(root / name) == pytest.approx(want, rel=1e-5)
+    want = grad_norms(reference.run_dir)
+    assert grad_norms(root / name) == pytest.approx(want, rel=1e-5)
+    # every parameter's gradient on the rank whose stages hold it (the tied embedding's
+    # on its first stage, after the last stage's share was added)
+    assert_same_gradients(gradients[name], reference_gradients, GRAD_RTOL)
 
 
 def test_one_process_checkpoint_resumes_in_a_pipeline(reference, pipeline) -> None:
@@ -155,7 +154,7 @@ def test_pipeline_sums_gradients_over_data_parallel_replicas(pipeline) -> None:
 def test_pipeline_resume_in_a_new_launch_is_exact(
     pipeline, small_train_args, tmp_path: Path
 ) -> None:
-    root, losses, _ = pipeline
+    root, losses, *_ = pipeline
     step3 = root / "1f1b" / "checkpoints" / "step_000003"
     meta = json.loads((step3 / "meta.json").read_text())
     assert meta["strategy"].startswith("dp=1,tp=1,pp=2")

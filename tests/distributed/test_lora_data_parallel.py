@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
+
+from gloo_harness import run_ranks
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "lora"))  # tests has no packages
 from lora_fixtures import SPEC, synthetic_stream, task
@@ -56,24 +56,18 @@ def _train(dp: DataParallel | None, max_tokens: int) -> dict[str, object]:
     }
 
 
-def _worker(rank: int, store: str, out: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2)
-    try:
-        dp = DataParallel(fused_groups=2)
-        calls: list[int] = []
-        reduce_async = dp.reduce_async
-        dp.reduce_async = lambda tensors: calls.append(len(tensors)) or reduce_async(tensors)
-        result = _train(dp, max_tokens=48)  # batches split over fused steps
-        result["reduces"] = len(calls)
-        torch.save(result, f"{out}/rank{rank}.pt")
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> dict[str, object]:
+    dp = DataParallel(fused_groups=2)
+    calls: list[int] = []
+    reduce_async = dp.reduce_async
+    dp.reduce_async = lambda tensors: calls.append(len(tensors)) or reduce_async(tensors)
+    result = _train(dp, max_tokens=48)  # batches split over fused steps
+    result["reduces"] = len(calls)
+    return result
 
 
-def test_two_processes_match_one_process(tmp_path: Path) -> None:
-    mp.spawn(_worker, args=(str(tmp_path / "store"), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+def test_two_processes_match_one_process() -> None:
+    ranks = run_ranks(_worker)
     one = _train(None, max_tokens=128)
     assert ranks[1]["reduces"] > ranks[0]["fused_steps"]  # several groups per step
     for got in ranks:

@@ -9,15 +9,10 @@ with a full-model backward it computes itself, and writes the differences to a f
 
 from __future__ import annotations
 
-import datetime
-import json
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.parallel.pipeline import PipelineRunner, build_stages, token_cross_entropy
 from legato.schedule import build_schedule
@@ -98,28 +93,16 @@ def _run_case(rank: int, name: str, spec_name: str, options: dict, steps: int) -
     }
 
 
-def _worker(rank: int, store: str, out_dir: str) -> None:
-    torch.set_num_threads(1)
-    timeout = datetime.timedelta(seconds=60)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=2,
-                            timeout=timeout)  # fmt: skip
-    try:
-        results = [
-            _run_case(rank, name, spec, options, steps=2 if i == 0 else 1)
-            for i, (name, spec, options) in enumerate(CASES)
-        ]
-        Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> list[dict]:
+    return [
+        _run_case(rank, name, spec, options, steps=2 if i == 0 else 1)
+        for i, (name, spec, options) in enumerate(CASES)
+    ]
 
 
 @pytest.fixture(scope="module")
-def results(tmp_path_factory: pytest.TempPathFactory) -> list[tuple[dict, dict]]:
-    tmp = tmp_path_factory.mktemp("pipeline")
-    mp.spawn(_worker, args=(str(tmp / "store"), str(tmp)), nprocs=2, join=True)
-    ranks = [json.loads((tmp / f"rank{r}.json").read_text()) for r in range(2)]
-    return list(zip(*ranks, strict=True))
+def results() -> list[tuple[dict, dict]]:
+    return list(zip(*run_ranks(_worker, timeout_s=60), strict=True))
 
 
 @pytest.mark.parametrize("case", range(len(CASES)), ids=[f"{c[0]}-{c[1]}-{c[2]}" for c in CASES])

@@ -46,11 +46,13 @@ def _grads(out, x, factors, upstream):
     )
 
 
-def test_loop_backend_equals_per_task_autograd_bit_for_bit():
+def test_loop_backend_matches_per_task_autograd():
+    """float64: the fused function adds each task's delta in another operation order than
+    per-row autograd (observed 3.6e-15 apart on AVX-512), so only rounding may differ."""
     x, weight, bias, factors = _inputs(torch.float64)
     out = fused_lora_linear(x, weight, bias, SEGMENTS, factors, backend="loop")
     ref = _reference(x, weight, bias, factors)
-    assert torch.equal(out, ref)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
     upstream = torch.randn_like(out)
     for got, want in zip(
         _grads(out, x, factors, upstream), _grads(ref, x, factors, upstream), strict=True
@@ -101,6 +103,7 @@ def test_frozen_weight_gets_no_gradient_and_no_segments_is_plain_linear():
     out.sum().backward()
     assert weight.grad is None
     assert all(a.grad is not None and b.grad is not None for a, b in factors)
+    # no segments: the very same F.linear call, so the same kernel on the same data
     assert torch.equal(fused_lora_linear(x, weight, bias, [], []), F.linear(x, weight, bias))
 
 

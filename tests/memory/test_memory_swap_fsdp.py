@@ -3,18 +3,13 @@ FSDP2's unsharded parameters are never copied to the host."""
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from gloo_harness import run_ranks
 from legato.memory import ActivationSwap, SavedBytes
 from legato.models import build_model
 from legato.specs import load_model
@@ -37,31 +32,20 @@ def _grads(rank: int, swap: bool) -> tuple[list[torch.Tensor], SavedBytes]:
     return [p.grad.full_tensor() for p in model.parameters()], stats
 
 
-def _worker(rank: int, port: int, out: str) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    torch.set_num_threads(1)
-    try:
-        plain, _ = _grads(rank, swap=False)
-        swapped, stats = _grads(rank, swap=True)
-        params = sum(p.numel() * p.element_size() for p in plain)
-        if rank == 0:
-            result = {
-                "equal": all(torch.equal(a, b) for a, b in zip(plain, swapped, strict=True)),
-                "to_host": stats.to_host,
-                "host_left": stats.host,
-                "params_bytes": params,
-            }
-            Path(out).write_text(json.dumps(result))
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int) -> dict:
+    plain, _ = _grads(rank, swap=False)
+    swapped, stats = _grads(rank, swap=True)
+    params = sum(p.numel() * p.element_size() for p in plain)
+    return {
+        "equal": all(torch.equal(a, b) for a, b in zip(plain, swapped, strict=True)),
+        "to_host": stats.to_host,
+        "host_left": stats.host,
+        "params_bytes": params,
+    }
 
 
-def test_swap_composes_with_fsdp2(free_port: int, tmp_path: Path) -> None:
-    out = tmp_path / "result.json"
-    mp.start_processes(_worker, args=(free_port, str(out)), nprocs=2, start_method="spawn")
-    result = json.loads(out.read_text())
+def test_swap_composes_with_fsdp2() -> None:
+    result = run_ranks(_worker)[0]
     assert result["equal"]
     assert result["to_host"] > 0 and result["host_left"] == 0
     # activations of 2 x 32 tokens, 3 blocks: far less than one copy of the weights

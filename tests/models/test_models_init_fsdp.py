@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.specs.model import ModelSpec, MoESpec
 
@@ -26,30 +25,25 @@ SPEC = ModelSpec(
 )
 
 
-def _worker(rank: int, world: int, store_path: str) -> None:
+def _worker(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
-    dist.init_process_group("gloo", init_method=f"file://{store_path}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        model = build_model(SPEC, device="meta")
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh)
-        fully_shard(model, mesh=mesh)
-        model.to_empty(device="cpu")
-        model.init_weights(21)
-        eager = build_model(SPEC, seed=21)
-        reference = eager.state_dict()
-        for key, value in model.state_dict().items():
-            full = value.full_tensor() if hasattr(value, "full_tensor") else value
-            assert torch.equal(full, reference[key]), key
-        ids = torch.randint(0, SPEC.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
-        torch.testing.assert_close(model(ids), eager(ids))
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+    mesh = init_device_mesh("cpu", (2,))
+    model = build_model(SPEC, device="meta")
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    model.to_empty(device="cpu")
+    model.init_weights(21)
+    eager = build_model(SPEC, seed=21)
+    reference = eager.state_dict()
+    for key, value in model.state_dict().items():
+        full = value.full_tensor() if hasattr(value, "full_tensor") else value
+        assert torch.equal(full, reference[key]), key
+    ids = torch.randint(0, SPEC.vocab_size, (2, 6), generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model(ids), eager(ids))
 
 
-def test_init_weights_on_fsdp2_sharded_model(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+def test_init_weights_on_fsdp2_sharded_model():
+    run_ranks(_worker)

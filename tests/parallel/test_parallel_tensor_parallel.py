@@ -20,7 +20,6 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, distribute_tensor
 from torch.distributed.tensor.parallel import (
@@ -30,6 +29,7 @@ from torch.distributed.tensor.parallel import (
     SequenceParallel,
 )
 
+from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.parallel import (
     CollectiveRecorder,
@@ -87,50 +87,42 @@ def test_parallelize_plan_is_derived_from_the_placements():
     assert plain["mlp.down_proj"].output_layouts == (torch.distributed.tensor.Replicate(),)
 
 
-def _gloo_worker(rank: int, world: int, store: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
-        ref_block, x, rope, ref_out, ref_gx, ref_grads = reference()
-        for sp in (True, False):
-            layout = layout_of(f"tp={world},sp={int(sp)}")
-            block = apply_tensor_parallel(copy.deepcopy(ref_block), mesh, layout)
-            inp = x.clone().requires_grad_()
-            if sp:
-                inp = distribute_tensor(x, mesh, [torch.distributed.tensor.Shard(1)],
-                                        src_data_rank=None).requires_grad_()  # fmt: skip
-            with CollectiveRecorder(mesh) as rec:
-                out = block(inp, rope)
-                ones = torch.ones(B, S, SPEC.hidden_size)
-                grad = (
-                    distribute_tensor(ones, mesh, out.placements, src_data_rank=None)
-                    if sp
-                    else ones
-                )
-                out.backward(grad)
-            assert keys(rec.forward) == keys(forward_collectives(layout)), (sp, rec.forward)
-            # one nn.Linear per projection: the replicated input's gradient is reduced per weight
-            assert keys(rec.backward) == keys(backward_collectives(layout, fused=False))
-            counts = Counter(c.kind for c in rec.forward + rec.backward)
-            torch_counts = {op.__name__: n for op, n in rec.get_comm_counts().items()}
-            assert counts["all-gather"] == torch_counts.get("all_gather_into_tensor", 0)
-            assert counts["reduce-scatter"] == torch_counts.get("reduce_scatter_tensor", 0)
-            assert counts["all-reduce"] == torch_counts.get("all_reduce", 0)
-            full = out.full_tensor() if isinstance(out, DTensor) else out
-            torch.testing.assert_close(full.detach(), ref_out, atol=TOL, rtol=0)
-            gx = inp.grad.full_tensor() if sp else inp.grad
-            torch.testing.assert_close(gx, ref_gx, atol=TOL, rtol=0)
-            for name, p in block.named_parameters():
-                g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
-                torch.testing.assert_close(g, ref_grads[name], atol=TOL, rtol=0, msg=name)
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+def _gloo_worker(rank: int) -> None:
+    world = dist.get_world_size()
+    mesh = init_device_mesh("cpu", (world,), mesh_dim_names=("tp",))
+    ref_block, x, rope, ref_out, ref_gx, ref_grads = reference()
+    for sp in (True, False):
+        layout = layout_of(f"tp={world},sp={int(sp)}")
+        block = apply_tensor_parallel(copy.deepcopy(ref_block), mesh, layout)
+        inp = x.clone().requires_grad_()
+        if sp:
+            inp = distribute_tensor(x, mesh, [torch.distributed.tensor.Shard(1)],
+                                    src_data_rank=None).requires_grad_()  # fmt: skip
+        with CollectiveRecorder(mesh) as rec:
+            out = block(inp, rope)
+            ones = torch.ones(B, S, SPEC.hidden_size)
+            grad = distribute_tensor(ones, mesh, out.placements, src_data_rank=None) if sp else ones
+            out.backward(grad)
+        assert keys(rec.forward) == keys(forward_collectives(layout)), (sp, rec.forward)
+        # one nn.Linear per projection: the replicated input's gradient is reduced per weight
+        assert keys(rec.backward) == keys(backward_collectives(layout, fused=False))
+        counts = Counter(c.kind for c in rec.forward + rec.backward)
+        torch_counts = {op.__name__: n for op, n in rec.get_comm_counts().items()}
+        assert counts["all-gather"] == torch_counts.get("all_gather_into_tensor", 0)
+        assert counts["reduce-scatter"] == torch_counts.get("reduce_scatter_tensor", 0)
+        assert counts["all-reduce"] == torch_counts.get("all_reduce", 0)
+        full = out.full_tensor() if isinstance(out, DTensor) else out
+        torch.testing.assert_close(full.detach(), ref_out, atol=TOL, rtol=0)
+        gx = inp.grad.full_tensor() if sp else inp.grad
+        torch.testing.assert_close(gx, ref_gx, atol=TOL, rtol=0)
+        for name, p in block.named_parameters():
+            g = p.grad.full_tensor() if isinstance(p.grad, DTensor) else p.grad
+            torch.testing.assert_close(g, ref_grads[name], atol=TOL, rtol=0, msg=name)
 
 
 @pytest.mark.distributed
-def test_1d_tp_and_sp_with_parallelize_module_on_gloo(tmp_path):
-    mp.spawn(_gloo_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+def test_1d_tp_and_sp_with_parallelize_module_on_gloo():
+    run_ranks(_gloo_worker)
 
 
 @pytest.fixture(scope="module")

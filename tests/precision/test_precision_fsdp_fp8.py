@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
 
+from gloo_harness import run_ranks
 from legato.precision import convert_to_fp8
 from legato.precision.fsdp_fp8 import Fp8GatherWeight, enable_fp8_all_gather, gather_tile
 
@@ -58,46 +58,43 @@ def _run(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, list[int], li
     return y, sizes, grads
 
 
-def _worker(rank: int, world: int, store: str) -> None:
+def _worker(rank: int) -> None:
     from torch.distributed.device_mesh import init_device_mesh
 
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        mesh = init_device_mesh("cpu", (world,))
-        x = torch.randn(16, SHAPES[0][1], generator=torch.Generator().manual_seed(rank))
-        _, bytes0, _ = _run(_model(SHAPES, False, mesh), x)
-        fp8 = _model(SHAPES, True, mesh)
-        _, bytes1, _ = _run(fp8, x)
-        assert isinstance(fp8[0].weight.to_local(), Fp8GatherWeight)
-        assert [layer.weight._local_tensor.tile for layer in fp8] == [(128, 128), (1, 128), None]
+    mesh = init_device_mesh("cpu", (dist.get_world_size(),))
+    x = torch.randn(16, SHAPES[0][1], generator=torch.Generator().manual_seed(rank))
+    _, bytes0, _ = _run(_model(SHAPES, False, mesh), x)
+    fp8 = _model(SHAPES, True, mesh)
+    _, bytes1, _ = _run(fp8, x)
+    assert isinstance(fp8[0].weight.to_local(), Fp8GatherWeight)
+    assert [layer.weight._local_tensor.tile for layer in fp8] == [(128, 128), (1, 128), None]
 
-        # Bytes per weight: fp8 + fp32 scales vs bf16; the uneven weight stays bf16.
-        ratios = [b1 / b0 for b0, b1 in zip(bytes0, bytes1, strict=True)]
-        assert len(ratios) == 3
-        assert 0.5 <= ratios[0] < 0.501 and 0.5 <= ratios[1] < 0.52 and ratios[2] == 1.0
-        if rank == 0:
-            print(f"all-gather bytes fp8/bf16 per weight: {[round(r, 4) for r in ratios]}")
+    # Bytes per weight: fp8 + fp32 scales vs bf16; the uneven weight stays bf16.
+    ratios = [b1 / b0 for b0, b1 in zip(bytes0, bytes1, strict=True)]
+    assert len(ratios) == 3
+    assert 0.5 <= ratios[0] < 0.501 and 0.5 <= ratios[1] < 0.52 and ratios[2] == 1.0
+    if rank == 0:
+        print(f"all-gather bytes fp8/bf16 per weight: {[round(r, 4) for r in ratios]}")
 
-        # Aligned 128 x 128 blocks: each rank quantises its bf16 shard exactly as the FP8
-        # GEMM quantises the whole bf16 weight, and re-quantising the dequantised weight
-        # gives back the same FP8 values and scales (the block maximum, 448 x scale, is a
-        # bf16 number): outputs and gradients are bitwise equal (observed).
-        models = [_model(ALIGNED, False, mesh), _model(ALIGNED, True, mesh)]
-        (y0, _, grads0), (y1, _, grads1) = (_run(m, x) for m in models)
-        assert torch.equal(y1, y0)
-        for g0, g1 in zip(grads0, grads1, strict=True):
-            assert torch.equal(g1, g0)
-        # The optimizer updates the wrapped shards in place; the next gather sees it.
-        for m in models:
-            torch.optim.AdamW(m.parameters(), lr=1e-2).step()
-        with torch.no_grad():
-            assert torch.equal(models[1](x), models[0](x))
-        dist.barrier()  # no rank tears gloo down while a peer still uses it
-    finally:
-        dist.destroy_process_group()
+    # Aligned 128 x 128 blocks: each rank quantises its bf16 shard exactly as the FP8
+    # GEMM quantises the whole bf16 weight, and re-quantising the dequantised weight
+    # gives back the same FP8 values and scales (the block maximum, 448 x scale, is a
+    # bf16 number). Both models then run the same kernels, in the same order, on the
+    # same FP8 values and scales: outputs and gradients are bitwise equal on any CPU
+    # (elementwise quantisation is correctly rounded; no reduction changes order).
+    models = [_model(ALIGNED, False, mesh), _model(ALIGNED, True, mesh)]
+    (y0, _, grads0), (y1, _, grads1) = (_run(m, x) for m in models)
+    assert torch.equal(y1, y0)
+    for g0, g1 in zip(grads0, grads1, strict=True):
+        assert torch.equal(g1, g0)
+    # The optimizer updates the wrapped shards in place; the next gather sees it.
+    for m in models:
+        torch.optim.AdamW(m.parameters(), lr=1e-2).step()
+    with torch.no_grad():
+        assert torch.equal(models[1](x), models[0](x))
 
 
 @pytest.mark.distributed
 @pytest.mark.timeout(60)
-def test_fp8_all_gather_matches_bf16_gather_at_half_the_bytes(tmp_path):
-    mp.spawn(_worker, args=(2, str(tmp_path / "store")), nprocs=2, join=True)
+def test_fp8_all_gather_matches_bf16_gather_at_half_the_bytes():
+    run_ranks(_worker)

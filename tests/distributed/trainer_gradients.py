@@ -1,0 +1,87 @@
+"""What ``Trainer`` computed, for comparing a multi-process layout with one process.
+
+Losses alone hide a wrong gradient: AdamW normalises a constant factor away and clipping
+rescales it. So the equivalence tests also compare every parameter's gradient at the
+first optimizer step (the full tensor, by FQN: DTensor shards gathered, pipeline stages
+merged over ranks) and the gradient norm of every step (``metrics.jsonl``, before
+clipping). Gradient runs set ``optim.grad_clip = 0`` so the optimizer sees raw gradients.
+
+Nothing in ``legato`` is patched: a global optimizer step pre-hook records the gradients.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch.distributed.tensor import DTensor
+from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+from legato.train.config import load_config
+from legato.train.trainer import Trainer
+
+# one step without clipping: the optimizer's first step sees the raw gradients
+GRADIENT_ARGS = ("--train.steps=1", "--optim.warmup_steps=0", "--optim.grad_clip=0")
+
+
+def first_step_gradients(args: list[str]) -> dict[str, torch.Tensor]:
+    """Train with ``args`` here (one process, or one rank of a group) and return the
+    gradient of every parameter this process holds at the first optimizer step, as full
+    tensors keyed by the model's parameter names."""
+    captured: dict[int, torch.Tensor] = {}
+
+    def record(optimizer: torch.optim.Optimizer, *_: object) -> None:
+        if captured:
+            return
+        for group in optimizer.param_groups:  # the same order on every rank
+            for param in group["params"]:
+                grad = param.grad
+                if grad is not None:
+                    full = grad.full_tensor() if isinstance(grad, DTensor) else grad
+                    captured[id(param)] = full.detach().float().clone()
+
+    handle = register_optimizer_step_pre_hook(record)
+    try:
+        trainer = Trainer(load_config(None, [*args, *GRADIENT_ARGS]))
+        trainer.fit()
+    finally:
+        handle.remove()
+    # DDP prefixes "module."; a pipeline's stages hold the full model's own parameters
+    # (a tied embedding's copy on the last stage has no name of its own and is left out).
+    names = {id(p): n.removeprefix("module.") for n, p in trainer.model.named_parameters()}
+    return {names[i]: grad for i, grad in captured.items() if i in names}
+
+
+def train_on_rank(
+    rank: int, loss_runs: dict[str, list[str]], gradient_runs: dict[str, list[str]]
+) -> dict[str, dict]:
+    """A ``run_ranks`` worker: each loss run's losses, each gradient run's gradients."""
+    return {
+        "losses": {
+            name: Trainer(load_config(None, a)).fit().losses for name, a in loss_runs.items()
+        },
+        "gradients": {name: first_step_gradients(a) for name, a in gradient_runs.items()},
+    }
+
+
+def assert_same_gradients(
+    ranks: list[dict[str, torch.Tensor]], want: dict[str, torch.Tensor], rtol: float
+) -> None:
+    """Every parameter of the one-process run has its gradient on some rank, and each
+    rank's gradient equals it: ``|got - want| <= rtol * |want|`` in the 2-norm of that
+    parameter (one rounding-noisy entry cannot fail fp8, a wrong factor fails any)."""
+    seen: set[str] = set()
+    for got in ranks:
+        for name, grad in got.items():
+            assert grad.shape == want[name].shape, name
+            error = ((grad - want[name]).norm() / want[name].norm()).item()
+            assert error <= rtol, f"{name}: gradient off by {error:.3g} (relative), > {rtol}"
+            seen.add(name)
+    assert seen == set(want), sorted(set(want) ^ seen)
+
+
+def grad_norms(run_dir: Path) -> list[float]:
+    """The gradient norm (before clipping) of every step a run logged."""
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["grad_norm"] for line in lines]
