@@ -2,7 +2,7 @@
 
 ``run_ranks(worker, *args)`` starts ``world_size`` fresh processes (spawn), joins them in
 one gloo group through a file store in a fresh directory (loopback only: no port to race
-for), sets torchrun's variables (so ``Trainer`` and ``init_distributed`` reuse the group),
+for), sets torchrun's variables (so ``Trainer`` and ``parallel.process_group.join`` reuse the group),
 calls ``worker(rank, *args)`` on every rank and returns the ranks' return values, in rank
 order, to the test. ``worker`` must be a module-level function; its arguments and return
 value are pickled. Everything is bounded by ``timeout_s`` (the group's collectives and the

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 
 from legato.errors import LegatoError
@@ -54,4 +55,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    if "LOCAL_RANK" in os.environ:  # a launched worker: see exit_worker for why
+        from legato.parallel.process_group import exit_worker
+
+        exit_worker(code)
+    sys.exit(code)

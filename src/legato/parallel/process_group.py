@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -178,6 +179,23 @@ def leave(ctx: DistContext) -> None:
     be gone)."""
     if ctx.owns_group and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def exit_worker(code: int) -> None:
+    """End a launched worker process (torchrun's or ours) with ``code`` via ``os._exit``.
+
+    ``destroy_process_group`` does not stop gloo's threads (``pt_gloo_runloop``,
+    ``gloo_tcp_loop``) while a DeviceMesh, an FSDP module or a DTensor still refers to the
+    group. A normal interpreter exit then kills those threads during finalisation; one
+    that drops the last reference to a Python-owned tensor there unwinds through a C++
+    destructor and ``std::terminate`` aborts the process ("terminate called without an
+    active exception", SIGABRT) after its work is done. Everything a worker writes is
+    written and closed by then, so it flushes its streams and leaves without finalising.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 @contextlib.contextmanager
