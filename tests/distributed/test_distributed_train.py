@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -169,6 +170,14 @@ def test_two_process_checkpoint_resumes_in_one_process(
     full = _losses(fsdp_run)
     assert resumed.steps == [4, 5, 6]
     assert resumed.losses == pytest.approx([full[s] for s in (4, 5, 6)], abs=LOSS_TOLERANCE, rel=0)
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on localhost that was free a moment ago (the workers' rendezvous store)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def _start_workers(args: list[str], port: int) -> list[subprocess.Popen[str]]:
