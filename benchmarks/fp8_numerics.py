@@ -24,7 +24,6 @@ last 10% of steps); the largest gap of the smoothed curves is in ``extra``.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,6 +35,9 @@ from legato.data import ByteTokenizer, PackedDataset, builtin_corpus_path, prepa
 from legato.models import build_model
 from legato.precision import convert_to_fp8, fake_quantize, get_recipe
 from legato.specs import load_model
+from report import print_row, result_row
+
+BENCHMARK = "fp8_numerics"
 
 
 def _torchao_linear(recipe: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -120,16 +122,15 @@ def gemm_errors(t: int, k: int, n: int) -> list[dict]:
         errors["torchao_tensorwise"] = _row_error(ao_tensor(x, w), ref) if ao_tensor else None
         errors["ratio_vs_rowwise"] = errors["tilewise"] / errors["rowwise"]
         rows.append(
-            {
-                "benchmark": "fp8_numerics",
-                "case": {"inputs": case, "shape": [*x.shape, w.shape[0]]},
-                "metric": "gemm_row_rel_error",
-                "value": errors["tilewise"],
-                "baseline": "tensorwise",
-                "baseline_value": errors["tensorwise"],
-                "ratio": errors["tilewise"] / errors["tensorwise"],
-                "extra": errors,
-            }
+            result_row(
+                BENCHMARK,
+                {"inputs": case, "shape": [*x.shape, w.shape[0]]},
+                "gemm_row_rel_error",
+                errors["tilewise"],
+                "tensorwise",
+                errors["tensorwise"],
+                extra=errors,
+            )
         )
     return rows
 
@@ -172,21 +173,20 @@ def training_row(steps: int, seq_len: int, batch: int) -> dict:
     final_ref, final_fp8 = sum(ref[-tail:]) / tail, sum(fp8[-tail:]) / tail
     w = max(1, steps // 20)
     gap = max(abs(a - b) for a, b in zip(_smooth(ref, w), _smooth(fp8, w), strict=True))
-    return {
-        "benchmark": "fp8_numerics",
-        "case": {"preset": "tiny", "steps": steps, "seq_len": seq_len, "batch": batch},
-        "metric": "final_loss",
-        "value": final_fp8,
-        "baseline": "fp32",
-        "baseline_value": final_ref,
-        "ratio": final_fp8 / final_ref,
-        "extra": {
+    return result_row(
+        BENCHMARK,
+        {"preset": "tiny", "steps": steps, "seq_len": seq_len, "batch": batch},
+        "final_loss",
+        final_fp8,
+        "fp32",
+        final_ref,
+        extra={
             "first_loss": ref[0],
             "max_smoothed_gap": gap,
             "fp8_seconds": fp8_s,
             "fp32_seconds": ref_s,
         },
-    }
+    )
 
 
 def main() -> None:
@@ -198,9 +198,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     shape = (256, 512, 256) if args.quick else (512, 1024, 512)
     for row in gemm_errors(*shape):
-        print(json.dumps(row), flush=True)
+        print_row(row)
     steps = args.steps or (60 if args.quick else 300)
-    print(json.dumps(training_row(steps, seq_len=128, batch=8)), flush=True)
+    print_row(training_row(steps, seq_len=128, batch=8))
 
 
 if __name__ == "__main__":

@@ -51,14 +51,15 @@ from legato.memory import ActivationSwap, SavedBytes, chunked_lm_loss, count_sav
 from legato.models import build_model
 from legato.specs import load_device, load_model
 from legato.specs.strategy import Strategy
+from report import print_row, result_row
 
 VOCAB_128K = 131072
 
 
 def _row(case: dict, metric: str, value: float, baseline: str, base: float, **extra) -> dict:
-    row = {"benchmark": "memory_techniques", "case": case, "metric": metric, "value": value}
-    row |= {"baseline": baseline, "baseline_value": base, "ratio": value / base}
-    return row | ({"extra": extra} if extra else {})
+    """A result row; this benchmark keeps its additional figures under ``extra``."""
+    nested = {"extra": extra} if extra else {}
+    return result_row("memory_techniques", case, metric, value, baseline, base, **nested)
 
 
 def _step(model, ids, labels, setup=None):
@@ -317,7 +318,7 @@ def main() -> None:
     rows += chunked_loss_rows(args.quick, repeats, args.chunk)
     rows += varlen_rows(args.quick)
     for row in rows:
-        print(json.dumps(row), flush=True)
+        print_row(row)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ from legato.parallel.pipeline import (
 )
 from legato.schedule import CostModel, MeasuredCosts, StagePlacement, build_schedule, simulate
 from legato.specs.model import ModelSpec
+from report import print_row, result_row
 
 BASELINE = "torch_Schedule1F1B"
 PLANNED = ("zb-v", "svpp")  # greedy builders that plan with the measured F:B:W costs
@@ -245,11 +246,8 @@ def _report(result: dict[str, Any], p: int, m: int) -> list[dict[str, Any]]:
             ("peak_activation_bytes", peak, base_peak, predicted_peak,
              {"per_rank": c["peak_per_rank"], "fraction_of_legato_1f1b": peak / ref_peak}),
         ):  # fmt: skip
-            lines.append({
-                "benchmark": "pipeline_schedules", "case": case, "metric": metric,
-                "value": value, "baseline": BASELINE, "baseline_value": baseline,
-                "ratio": value / baseline, "predicted": predicted, **extra,
-            })  # fmt: skip
+            lines.append(result_row("pipeline_schedules", case, metric, value, BASELINE, baseline,
+                                    predicted=predicted, **extra))  # fmt: skip
     return lines
 
 
@@ -270,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         mp.spawn(_worker, args=worker_args, nprocs=args.stages, join=True)
         result = json.loads(Path(out).read_text())
     for line in _report(result, args.stages, m):
-        print(json.dumps(line))
+        print_row(line)
     return 0
 
 
