@@ -34,6 +34,7 @@ from legato.schedule import (
     write_chrome_trace,
     write_pareto_json,
 )
+from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.typed import read_table_file
 
 _COST_HELP = (
@@ -98,7 +99,7 @@ def _run_simulate(args: argparse.Namespace, extra: list[str]) -> int:
         "chunks": args.chunks, "slices": args.slices, "memory_cap": args.memory_cap,
         "w_subtasks": args.w_subtasks, "slicing": args.slicing,
     }  # fmt: skip
-    if args.schedule in ("seq1f1b", "zb-h1", "zb-v", "svpp"):
+    if SCHEDULE_KINDS[args.schedule].cost_driven:
         options["costs"] = costs
     s = build_schedule(args.schedule, stages=args.stages, microbatches=args.microbatches, **options)
     result = simulate(s, costs)

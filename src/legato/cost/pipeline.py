@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from legato.specs.schedules import SCHEDULE_KINDS
+
 
 @dataclass(frozen=True)
 class PipelineTime:
@@ -107,8 +109,5 @@ def in_flight_microbatches(
 def p2p_messages(schedule: str, v: int, k: int) -> int:
     """Point-to-point sends per micro-batch per device in each direction: one per chunk,
     one per slice for the slice-level schedules."""
-    slices = k if schedule in ("seq1f1b", "svpp") else 1
-    chunks = v if schedule in ("interleaved", "zb-v", "svpp") else 1
-    if schedule == "zb-v":
-        chunks = 2
-    return slices * chunks
+    kind = SCHEDULE_KINDS[schedule]
+    return (k if kind.slices else 1) * kind.chunks_for(v)

@@ -39,6 +39,7 @@ from legato.cost.runtime import Runtime, activation_bytes
 from legato.cost.xtuner_terms import block_stored, chunked_logits_bytes, swap_resident, swap_traffic
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
+from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy
 
 CRITICAL = ("tp", "tp_x", "tp_y", "pp", "ep")  # ep: what its schedule leaves exposed
@@ -297,7 +298,7 @@ def stage_memory(ctx: Context, stage: Stage, index: int) -> MemoryBreakdown:
     """Peak memory of pipeline device ``index``."""
     s, model = ctx.strategy, ctx.model
     weights, grads, optimizer = model_states(_held(ctx, stage), s)
-    v = 2 if s.schedule == "zb-v" else s.vpp
+    v = SCHEDULE_KINDS[s.schedule].chunks_for(s.vpp)
     in_flight = in_flight_microbatches(
         s.schedule, s.pp, s.num_microbatches, v, s.slices, s.memory_cap, index
     )

@@ -29,6 +29,7 @@ from legato.cost.runtime import Runtime
 from legato.cost.stage import Context, Stage, StageStep, pipeline_stages, stage_memory, stage_step
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
+from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy
 
 
@@ -60,7 +61,7 @@ def predict(
             memories[stage] = stage_memory(ctx, stage, index)
     slowest = max(steps.values(), key=lambda x: x.t_f + x.t_b)
     m = strategy.num_microbatches
-    chunks = 2 if strategy.schedule == "zb-v" else strategy.vpp
+    chunks = SCHEDULE_KINDS[strategy.schedule].chunks_for(strategy.vpp)
     pipe = pipeline_time(
         strategy.schedule,
         strategy.pp,

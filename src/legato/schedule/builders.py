@@ -20,6 +20,7 @@ its dependencies allow, then the oldest forward the memory cap admits, then W.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal
 
@@ -30,8 +31,8 @@ from legato.schedule.errors import ScheduleError
 from legato.schedule.ir import Schedule, StagePlacement
 from legato.schedule.orders import gpipe_order, interleaved_order, one_f_one_b_order
 from legato.schedule.slicing import slice_bounds
+from legato.specs.schedules import SCHEDULE_KINDS, SCHEDULES, ScheduleKind
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "seq1f1b", "svpp")
 Slicing = Literal["equal-length", "equal-flops"]
 
 
@@ -176,13 +177,18 @@ def zb_v(
                 placement="v", costs=costs, name="zb-v")  # fmt: skip
 
 
+def _taking(has: Callable[[ScheduleKind], bool]) -> tuple[str, ...]:
+    return tuple(name for name, kind in SCHEDULE_KINDS.items() if has(kind))
+
+
+# Which schedules take each builder option, from their properties.
 _TAKES = {
-    "chunks": ("interleaved", "svpp"),
-    "slices": ("seq1f1b", "svpp"),
-    "memory_cap": ("zb-v", "svpp"),
-    "w_subtasks": ("zb-h1", "zb-v", "svpp"),
-    "slicing": ("seq1f1b", "svpp"),
-    "costs": ("seq1f1b", "zb-h1", "zb-v", "svpp"),
+    "chunks": _taking(lambda kind: kind.chunks is None),
+    "slices": _taking(lambda kind: kind.slices),
+    "memory_cap": _taking(lambda kind: kind.memory_cap),
+    "w_subtasks": _taking(lambda kind: kind.split_backward),
+    "slicing": _taking(lambda kind: kind.slices),
+    "costs": _taking(lambda kind: kind.cost_driven),
 }
 
 

@@ -18,6 +18,7 @@ from legato.atomic import write_atomic, write_text_atomic
 from legato.schedule.builders import build_schedule, default_memory_cap, memory_floor
 from legato.schedule.costs import CostModel, Costs
 from legato.schedule.simulate import simulate
+from legato.specs.schedules import SCHEDULE_KINDS
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def sweep(
     points = []
     for config in _configs(stages, microbatches, chunks, slices):
         options = {key: value for key, value in config.items() if key != "name"}
-        if config["name"] in ("seq1f1b", "zb-h1", "zb-v", "svpp"):
+        if SCHEDULE_KINDS[config["name"]].cost_driven:
             options["costs"] = costs
         s = build_schedule(config["name"], stages=stages, microbatches=microbatches, **options)
         r = simulate(s, costs)

@@ -27,6 +27,7 @@ from typing import Literal
 from legato.errors import LegatoError
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
+from legato.specs.schedules import MULTI_CHUNK, SCHEDULES
 
 
 class StrategyError(LegatoError):
@@ -36,7 +37,6 @@ class StrategyError(LegatoError):
 Recompute = Literal["none", "selective", "full"]
 Dtype = Literal["fp32", "fp16", "bf16", "fp8"]
 MoEOverlap = Literal["none", "domino", "comet"]
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-v", "seq1f1b", "svpp")
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MOE_OVERLAPS = ("none", "domino", "comet")
@@ -157,9 +157,10 @@ class Strategy:
                 f"strategy: {self.schedule} needs at least pp={self.pp} micro-batches per "
                 f"step, got gbs/(mbs*dp) = {self.num_microbatches}"
             )
-        if self.vpp > 1 and self.schedule not in ("interleaved", "zb-v", "svpp"):
+        if self.vpp > 1 and self.schedule not in MULTI_CHUNK:
             raise StrategyError(
-                f"strategy: vpp={self.vpp} needs schedule interleaved, zb-v or svpp, "
+                f"strategy: vpp={self.vpp} needs schedule {', '.join(MULTI_CHUNK[:-1])} or "
+                f"{MULTI_CHUNK[-1]}, "
                 f"got {self.schedule}"
             )
         _divides(2 * self.cp if self.cp > 1 else 1, model.seq_len, "2*cp", "seq_len")

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 from legato.errors import ConfigError
 from legato.schedule import Schedule, ScheduleError, build_schedule
 from legato.specs.model import ModelSpec
+from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, StrategyError
 
 if TYPE_CHECKING:
@@ -111,11 +112,13 @@ def resolve_strategy(config: TrainConfig, spec: ModelSpec, world: int) -> Strate
     if "dp" not in given_keys(text):
         dp = max(1, world // (strategy.pp * strategy.tp * strategy.cp))
     config.grad_accum_steps(dp)  # the batch sizes must divide: a ConfigError naming them
-    vpp = strategy.vpp
-    if strategy.schedule == "zb-v":  # two chunks in the V shape by definition
-        if vpp not in (1, 2):
-            raise ConfigError(f"{FIELD}: zb-v has exactly 2 chunks per rank, got vpp={vpp}")
-        vpp = 2
+    fixed = SCHEDULE_KINDS[strategy.schedule].chunks
+    if fixed not in (None, 1) and strategy.vpp not in (1, fixed):  # zb-v: a V of 2 chunks
+        raise ConfigError(
+            f"{FIELD}: {strategy.schedule} has exactly {fixed} chunks per rank, "
+            f"got vpp={strategy.vpp}"
+        )
+    vpp = strategy.vpp if fixed in (None, 1) else fixed  # vpp > 1 with one chunk: refused below
     owned = {
         "mbs": config.train.micro_batch_size,
         "gbs": config.train.global_batch_size,
