@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from legato.cost.layer import head_dims
 from legato.cost.runtime import DTYPE_BYTES, Runtime, activation_bytes
+from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.model import ModelSpec
 from legato.specs.params import layer_params, mlp_params
 from legato.specs.strategy import Strategy
@@ -205,4 +206,4 @@ def grad_bytes(strategy: Strategy, runtime: Runtime) -> int:
     """Bytes per gradient element in the data-parallel reduction."""
     if runtime.grad_reduce_bytes is not None:
         return runtime.grad_reduce_bytes
-    return DTYPE_BYTES[strategy.dtype] if strategy.dtype != "fp8" else 2
+    return DTYPE_BYTES[DTYPE_KINDS[strategy.dtype].compute]  # FP8 gradients reduce in bf16

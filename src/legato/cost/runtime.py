@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+from legato.specs.dtypes import DTYPE_KINDS
+
+DTYPE_BYTES = {name: kind.bytes for name, kind in DTYPE_KINDS.items()}
 HOST_LINK_GBPS = 55.0  # PCIe 5.0 x16, effective GB/s one way per GPU (H100/H800 class)
 
 

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from legato.errors import ConfigError
+from legato.specs.dtypes import DTYPE_KINDS
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
@@ -49,7 +50,7 @@ RECIPES = {
 
 
 # Training dtypes that mean "FP8 linears" and the recipe each selects.
-DTYPE_RECIPES = {"fp8": "tilewise", "fp8-rowwise": "rowwise", "fp8-tensorwise": "tensorwise"}
+DTYPE_RECIPES = {name: k.fp8_recipe for name, k in DTYPE_KINDS.items() if k.fp8_recipe}
 
 
 def get_recipe(recipe: str | Fp8Recipe) -> Fp8Recipe:

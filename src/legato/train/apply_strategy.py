@@ -22,21 +22,20 @@ from legato.memory import ActivationSwap
 from legato.moe import Overlap, apply_expert_parallel, expert_parameters
 from legato.parallel.process_group import DistContext
 from legato.precision import convert_to_fp8
+from legato.specs.dtypes import DTYPE_KINDS, FP8_TRAIN_DTYPES
 from legato.specs.strategy import Strategy
 from legato.train.distributed import unwrap, wrap_model
-
-FP8_DTYPES = ("fp8", "fp8-rowwise")
 
 
 def compute_dtype(dtype: str) -> torch.dtype | None:
     """What the GEMMs around FP8 run in: bf16 for 'bf16' and the FP8 dtypes, else None
     (fp32). Master weights, gradients and optimizer state stay fp32 in every case."""
-    return torch.bfloat16 if dtype == "bf16" or dtype in FP8_DTYPES else None
+    return torch.bfloat16 if DTYPE_KINDS[dtype].compute == "bf16" else None
 
 
 def to_fp8(model: nn.Module, dtype: str) -> list[str]:
     """Convert the block linears (and experts) for an FP8 ``train.dtype``; the names."""
-    return convert_to_fp8(model, dtype) if dtype in FP8_DTYPES else []
+    return convert_to_fp8(model, dtype) if dtype in FP8_TRAIN_DTYPES else []
 
 
 def overlap_of(strategy: Strategy) -> Overlap:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from legato.errors import ConfigError, SpecError
+from legato.specs.dtypes import FP8_TRAIN_DTYPES
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict, read_table_file, to_dict, toml_literal
@@ -179,7 +180,7 @@ class TrainSection:
         _at_most(self, "global_batch_size", MAX_BATCH)
         _at_most(self, "micro_batch_size", MAX_BATCH)
         _require(
-            not self.fp8_all_gather or self.dtype in ("fp8", "fp8-rowwise"),
+            not self.fp8_all_gather or self.dtype in FP8_TRAIN_DTYPES,
             "train.fp8_all_gather",
             "false unless train.dtype is 'fp8' or 'fp8-rowwise'",
             self.fp8_all_gather,

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING
 
 from legato.errors import ConfigError
 from legato.schedule import Schedule, ScheduleError, build_schedule
+from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, StrategyError
@@ -122,7 +123,7 @@ def resolve_strategy(config: TrainConfig, spec: ModelSpec, world: int) -> Strate
     owned = {
         "mbs": config.train.micro_batch_size,
         "gbs": config.train.global_batch_size,
-        "dtype": "fp8" if config.train.dtype.startswith("fp8") else config.train.dtype,
+        "dtype": DTYPE_KINDS[config.train.dtype].priced_as,
         "zero": 3 if strategy.pp == 1 and config.parallel.fsdp and world > 1 else 0,
     }
     for key, value in owned.items():
