@@ -95,11 +95,12 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
     code = 1
     try:
         if nproc == 1:
+            from legato.train.interrupt import EXIT_INTERRUPTED
             from legato.train.trainer import Trainer
 
             run = dataclasses.replace(config.run, dir=str(run_dir))
             result = Trainer(dataclasses.replace(config, run=run)).fit()
-            code = 130 if result.interrupted else 0  # interrupt.EXIT_INTERRUPTED
+            code = EXIT_INTERRUPTED if result.interrupted else 0
         else:
             from legato.parallel.launch import launch
 

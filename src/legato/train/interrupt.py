@@ -16,10 +16,12 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
 
+from legato.parallel.launch import INTERRUPTED
+
 if TYPE_CHECKING:
     from legato.train.config import TrainConfig
 
-EXIT_INTERRUPTED = 130
+EXIT_INTERRUPTED = INTERRUPTED  # what the launcher expects of a worker that stopped cleanly
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
