@@ -9,7 +9,7 @@ import torch
 
 from legato.errors import CheckpointError, ConfigError, DataError, LegatoError
 from legato.lora.config import finetune_config_from_dict, load_finetune_config
-from legato.lora.runner import build_backbone, finetune
+from legato.lora.runner import finetune, load_base
 from legato.models import build_model, save_safetensors
 
 SMALL_BASE = {
@@ -110,7 +110,7 @@ def test_base_weights_load_from_hf_safetensors_and_stay_frozen(tmp_path, data_fi
     source = build_model(config.base.spec(), seed=123)
     save_safetensors(source, tmp_path / "base")
     config.base.weights = str(tmp_path / "base")
-    model = build_backbone(config, torch.device("cpu"))
+    model = load_base(config, torch.device("cpu"))[0]
     for (name, ours), theirs in zip(
         model.base.state_dict().items(), source.state_dict().values(), strict=True
     ):
@@ -118,4 +118,4 @@ def test_base_weights_load_from_hf_safetensors_and_stay_frozen(tmp_path, data_fi
     assert not any(p.requires_grad for p in model.base.parameters())
     config.base.weights = str(tmp_path / "missing")
     with pytest.raises(CheckpointError, match=r"^base\.weights: checkpoint .* does not exist"):
-        build_backbone(config, torch.device("cpu"))
+        load_base(config, torch.device("cpu"))[0]

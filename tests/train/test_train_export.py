@@ -14,7 +14,7 @@ from legato.cli.main import main
 from legato.data import BpeTokenizer, ByteTokenizer
 from legato.errors import CheckpointError, ConfigError
 from legato.lora.config import finetune_config_from_dict
-from legato.lora.runner import build_backbone, finetune
+from legato.lora.runner import finetune, load_base
 from legato.models import build_model
 from legato.specs.registry import load_model
 from legato.train.config import load_config
@@ -159,7 +159,7 @@ def _finetune_config(tmp_path: Path, base: dict, run: dict | None = None):
 
 def test_finetune_on_a_trained_run(bpe_run: Path, tmp_path: Path) -> None:
     config = _finetune_config(tmp_path, {"weights": str(bpe_run)})
-    backbone = build_backbone(config, torch.device("cpu"))
+    backbone = load_base(config, torch.device("cpu"))[0]
     trained = load_trained(bpe_run)
     for (name, ours), theirs in zip(
         backbone.base.state_dict().items(), trained.model.state_dict().values(), strict=True
@@ -182,4 +182,4 @@ def test_finetune_base_errors_are_one_line(bpe_run, tmp_path, base, run, message
     paths = {"{empty}": str(tmp_path / "empty"), "{run}": str(bpe_run)}
     base = {k: paths.get(v, v) for k, v in base.items()}
     with pytest.raises((CheckpointError, ConfigError), match=message):
-        build_backbone(_finetune_config(tmp_path, base, run), torch.device("cpu"))
+        load_base(_finetune_config(tmp_path, base, run), torch.device("cpu"))[0]

@@ -76,10 +76,6 @@ def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraMo
     return MultiLoraModel(model), load_tokenizer(config.run.tokenizer or "byte")
 
 
-def build_backbone(config: FinetuneConfig, device: torch.device) -> MultiLoraModel:
-    return load_base(config, device)[0]
-
-
 def read_tasks(
     config: FinetuneConfig, model: MultiLoraModel, tokenizer: Tokenizer
 ) -> dict[str, TaskStream]:
