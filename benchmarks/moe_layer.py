@@ -184,7 +184,7 @@ def _mechanism(rank: int, dist, repeats: int) -> None:
 
 
 def _runs(case: dict, mesh, x, grad, sleep_per_row: float | None) -> dict[str, Callable[[], None]]:
-    from legato.moe import apply_expert_parallel
+    from legato.parallel.expert import apply_expert_parallel
 
     def layer(experts: int = case["experts"]):
         built = _layer(case["hidden"], case["ffn"], experts, case["top_k"])

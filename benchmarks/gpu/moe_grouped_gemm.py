@@ -133,7 +133,8 @@ def correctness() -> None:
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
 
-    from legato.moe import Overlap, apply_expert_parallel
+    from legato.moe import Overlap
+    from legato.parallel.expert import apply_expert_parallel
 
     x = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16)
     grad = torch.randn_like(x)

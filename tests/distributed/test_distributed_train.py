@@ -42,7 +42,7 @@ GRAD_RTOL = {"fsdp": 1e-5, "ddp": 1e-5, "fsdp-bf16": 3e-2, "fsdp-fp8-gather": 0.
 NORM_RTOL = {"ddp": 1e-5, "fsdp-bf16": 1e-2, "fsdp-fp8-gather": 3e-2}
 MODES = {
     "fsdp": (),
-    "ddp": ("--parallel.fsdp=false",),
+    "ddp": ("--parallel.strategy=zero=0",),
     "fsdp-bf16": ("--train.dtype=bf16",),
     "fsdp-fp8-gather": ("--train.dtype=fp8", "--train.fp8_all_gather=true"),
 }

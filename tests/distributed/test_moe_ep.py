@@ -13,7 +13,8 @@ import torch.distributed as dist
 from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.models.moe import MoE
-from legato.moe import Overlap, apply_expert_parallel, expert_parameters
+from legato.moe import Overlap
+from legato.parallel.expert import apply_expert_parallel, expert_parameters
 from legato.specs.model import ModelSpec, MoESpec
 from legato.specs.strategy import StrategyError
 

@@ -10,6 +10,7 @@ import pytest
 
 from legato.cli.main import main
 from legato.errors import ConfigError
+from legato.specs.strategy import StrategyError
 from legato.train.config import (
     TrainConfig,
     load_config,
@@ -39,7 +40,8 @@ def test_defaults_without_a_file() -> None:
     config = load_config()
     assert config == TrainConfig()
     assert config.model.preset == "tiny" and config.parallel.nproc == 2
-    assert config.grad_accum_steps(2) == 1 and config.grad_accum_steps(1) == 2
+    spec = resolve_model(config.model)
+    assert config.job(spec, 2).microbatches == 1 and config.job(spec, 1).microbatches == 2
 
 
 def test_every_field_is_documented() -> None:
@@ -79,7 +81,7 @@ def test_file_then_overrides(tmp_path: Path) -> None:
             "--train.steps=60",
             "--optim.weight-decay=0",
             "--train.dtype=fp32",
-            "--parallel.fsdp=false",
+            "--parallel.strategy=zero=0",
             "--data.paths=['x.txt']",
             "--model.overrides.num_layers=2",
             "--run.name=my run",
@@ -87,7 +89,7 @@ def test_file_then_overrides(tmp_path: Path) -> None:
     )
     assert config.train.steps == 60 and config.optim.lr == 1e-3
     assert config.optim.weight_decay == 0.0 and config.train.dtype == "fp32"
-    assert config.parallel.fsdp is False and config.data.paths == ["x.txt"]
+    assert config.parallel.strategy == "zero=0" and config.data.paths == ["x.txt"]
     assert config.model.overrides == {"num_layers": 2} and config.run.name == "my run"
 
 
@@ -121,7 +123,7 @@ BAD = [
     (["--optim.beta2=1.0"], "optim.beta2: must be in [0, 1)"),
     (["--train.dtype=fp16"], "train.dtype: must be one of 'fp32' | 'bf16'"),
     (["--parallel.backend=mpi"], "parallel.backend: must be one of"),
-    (["--parallel.fsdp=yes"], "parallel.fsdp: expected true or false"),
+    (["--parallel.fsdp=yes"], "parallel.fsdp: no longer a config field"),
     (["--data.paths=3"], "data.paths: expected list of str | str, got 3"),
     (["--checkpoint.keep=0"], "checkpoint.keep: must be >= 1"),
     (["--train.steps"], "--train.steps: overrides are written --section.key=value"),
@@ -141,9 +143,12 @@ def test_bad_input_is_one_config_error(args: list[str], message: str) -> None:
 
 def test_batch_sizes_must_divide() -> None:
     config = load_config(None, ["--train.global_batch_size=12", "--train.micro_batch_size=4"])
-    assert config.grad_accum_steps(1) == 3
-    with pytest.raises(ConfigError, match=r"train.global_batch_size: must be a multiple .* = 8"):
-        config.grad_accum_steps(2)
+    spec = resolve_model(config.model)
+    assert config.job(spec, 1).microbatches == 3
+    with pytest.raises(
+        StrategyError, match=r"gbs \(12\) must be a multiple of mbs\*dp \(4\*2 = 8\)"
+    ):
+        config.job(spec, 2)
 
 
 def test_bad_toml_file(tmp_path: Path) -> None:

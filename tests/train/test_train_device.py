@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from legato.errors import ConfigError
 from legato.precision import Fp8Linear
+from legato.specs.strategy import StrategyError
 from legato.train.config import load_config
-from legato.train.strategy import resolve_strategy
 from legato.train.trainer import Trainer
 
 
@@ -50,9 +49,9 @@ def test_swap_and_chunked_loss_equal_the_plain_run(option, small_train_args, tmp
     ("strategy", "extra", "message"),
     [
         ("ep=4", [], r"ep \(4\) must divide dp\*cp \(2\)"),
-        ("ep=2", ["--parallel.fsdp=false"], r"parallel.fsdp: expert parallelism .* needs FSDP2"),
-        ("loss_chunk=64", ["--parallel.fsdp=false"], r"parallel.fsdp: the chunked loss"),
-        ("pp=2,swap=1", [], r"swap run with pp = 1 only"),
+        ("ep=2,zero=0", [], r"ep > 1 needs zero=2 or 3"),
+        ("loss_chunk=64,zero=0", [], r"loss_chunk > 0 runs with zero=2 or 3"),
+        ("pp=2,swap=1", [], r"swap with pp > 1 are not executed yet"),
     ],
 )
 def test_unsupported_layouts_are_one_line_errors(
@@ -63,7 +62,7 @@ def test_unsupported_layouts_are_one_line_errors(
     )
     with pytest.raises(Exception, match=message) as info:
         config = load_config(None, [*args, f"--parallel.strategy={strategy}"])
-        resolve_strategy(config, Trainer(config).spec, 2)
+        config.job(Trainer(config).spec, 2)
     assert "\n" not in str(info.value)
 
 
@@ -74,5 +73,5 @@ def test_ep_smaller_than_dp_is_refused(small_train_args, tmp_path) -> None:
     )
     config.model.preset = "tiny-moe"
     config.model.overrides = {"num_layers": 2}
-    with pytest.raises(ConfigError, match=r"ep=2 must equal dp=4"):
-        resolve_strategy(config, Trainer(config).spec, 4)
+    with pytest.raises(StrategyError, match=r"ep=2 must equal dp\*cp = 4"):
+        config.job(Trainer(config).spec, 4)

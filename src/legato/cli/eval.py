@@ -33,7 +33,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     import torch
 
     from legato.errors import ConfigError
-    from legato.train.apply_strategy import compute_dtype
+    from legato.parallel.fp8 import compute_dtype
     from legato.train.evaluate import evaluate, trained_eval_set
     from legato.train.trained_model import load_trained
 

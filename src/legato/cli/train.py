@@ -22,7 +22,6 @@ from legato.train.config import (
     resolve_model,
     split_command_line,
 )
-from legato.train.strategy import pipeline_schedule, resolve_strategy
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -75,9 +74,7 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
 
     nproc = config.parallel.nproc
     spec = resolve_model(config.model)  # fail on a bad model or layout before any process
-    strategy = resolve_strategy(config, spec, nproc)
-    if strategy.pp > 1:
-        pipeline_schedule(strategy)
+    config.job(spec, nproc)  # a strategy the runtime cannot place fails before any process
     device = resolve_device(config.train.device)
     if device.type == "cuda":
         import torch

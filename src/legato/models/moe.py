@@ -5,7 +5,7 @@ GEMMs consume them that way; ``hf_checkpoint`` splits them into HF's per-expert 
 Tokens are sorted by expert and run through grouped GEMMs, so every token costs exactly
 ``top_k`` expert MLPs and no token is dropped. ``bias=True`` specs give experts biases
 too; the router never has one. Expert parallelism and the overlap schedules are applied
-afterwards with ``legato.moe.apply_expert_parallel``.
+afterwards with ``legato.parallel.expert.apply_expert_parallel``.
 """
 
 from __future__ import annotations

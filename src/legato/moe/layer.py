@@ -4,7 +4,7 @@ overlapped), shared experts, and per-forward statistics.
 Module names are the reference model's (and Hugging Face's): ``gate`` (router),
 ``experts`` (stacked) and ``shared_experts`` (any module, e.g. one MLP of width
 ``num_shared * shared_ffn`` as DeepSeek stores it). The layer runs on one process by
-default; :func:`legato.moe.apply_expert_parallel` sets ``ep`` and ``overlap``.
+default; :func:`legato.parallel.expert.apply_expert_parallel` sets ``ep`` and ``overlap``.
 """
 
 from __future__ import annotations
@@ -65,3 +65,8 @@ class MoELayer(nn.Module):
         self.last_aux_loss = load_balance_loss(routing.scores, routing.counts)
         self.last_z_loss = router_z_loss(routing.logits)
         return out.view_as(x)
+
+
+def moe_layers(model: nn.Module) -> list[MoELayer]:
+    """Every MoE layer of ``model``, in module order."""
+    return [m for m in model.modules() if isinstance(m, MoELayer)]

@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from legato.moe.parallel import moe_layers
+from legato.moe.layer import moe_layers
 
 
 @dataclass

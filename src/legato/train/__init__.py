@@ -3,9 +3,8 @@
 Public API::
 
     TrainConfig, load_config(path=None, overrides=None) -> TrainConfig   # train.config
-    resolve_strategy(config, spec, world) -> Strategy                    # train.strategy
+    config.job(spec, world) -> parallel.job.Job                         # train.config
     Trainer(config).fit() -> TrainResult                                 # train.trainer
-    PipelineStep(model, strategy, ctx)         # train.pipeline_step: the pp > 1 step
 
 The config half imports no torch, so ``legato train --help-config`` and config errors
 answer at once; the trainer is imported on first use.

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from legato.errors import ConfigError, SpecError
+from legato.parallel.job import AUTO, Job, owned_by_train, parse_strategy, resolve_job
 from legato.specs.dtypes import FP8_TRAIN_DTYPES
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
@@ -195,24 +196,18 @@ class ParallelSection:
     backend: Literal["auto", "gloo", "nccl"] = _doc("auto", "'auto' = nccl on cuda, gloo on cpu")
     strategy: str = _doc(
         "",
-        "keys dp, pp, vpp, schedule, slices, memory_cap (pp > 1); ep, moe_overlap, moe_chunks, "
-        "moe_groups, swap, loss_chunk (pp = 1), e.g. 'pp=2,schedule=svpp,slices=4' or "
-        "'ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2'; '' = data parallel over all "
-        "processes; dp = processes / pp unless given",
-    )
-    fsdp: bool = _doc(
-        True, "with pp = 1: shard parameters, gradients and optimizer state (FSDP2); false = DDP"
-    )
-    reshard_after_forward: bool = _doc(
-        True, "free gathered parameters after forward (less memory, one more all-gather)"
+        "the layout, as `legato plan` prints it: dp, zero (0 DDP, 1 sharded optimizer, "
+        "2/3 FSDP2), tp (tp=AxB for 2-D), sp, cp, pp, vpp, schedule, slices, memory_cap, "
+        "ep, moe_overlap, moe_chunks, moe_groups, recompute, swap, loss_chunk; mbs, gbs and "
+        "dtype set train.micro_batch_size, train.global_batch_size and train.dtype; '' = "
+        "FSDP2 over all processes; 'auto' = the planner's pick for this job",
     )
 
     def __post_init__(self) -> None:
-        from legato.train.strategy import parse_strategy
-
         _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
         _at_most(self, "nproc", MAX_DEVICES)
-        parse_strategy(self.strategy)  # a ConfigError now rather than after the launch
+        if self.strategy != AUTO:
+            parse_strategy(self.strategy)  # a ConfigError now rather than after the launch
 
 
 @dataclass
@@ -252,6 +247,10 @@ class TrainConfig:
     run: RunSection = field(default_factory=RunSection)
 
     def __post_init__(self) -> None:
+        # mbs, gbs and dtype of a pasted strategy are the train fields: one number each
+        for name, value in owned_by_train(self.parallel.strategy).items():
+            setattr(self.train, name, value)
+        self.train.__post_init__()
         _require(
             not self.train.eval_every or self.data.holdout > 0,
             "train.eval_every",
@@ -259,21 +258,35 @@ class TrainConfig:
             self.train.eval_every,
         )
 
-    def grad_accum_steps(self, dp: int) -> int:
-        """Micro-batches per optimizer step on each of ``dp`` data-parallel replicas
-        (accumulation steps, or a pipeline's micro-batches); a ConfigError if the batch
-        sizes do not divide."""
-        per_step = self.train.micro_batch_size * dp
-        if self.train.global_batch_size % per_step:
+    def job(self, spec: ModelSpec, world: int) -> Job:
+        """``parallel.strategy`` resolved for ``spec`` on ``world`` processes (one-line
+        errors naming the key for anything the runtime cannot place)."""
+        job = resolve_job(
+            self.parallel.strategy,
+            spec,
+            world,
+            mbs=self.train.micro_batch_size,
+            gbs=self.train.global_batch_size,
+            dtype=self.train.dtype,
+            seq_len=self.data.seq_len or spec.seq_len,
+        )
+        if job.strategy.pp > 1 and spec.is_moe and self.train.moe_aux_loss_coef > 0:
             raise ConfigError(
-                f"train.global_batch_size: must be a multiple of train.micro_batch_size x "
-                f"data-parallel size = {self.train.micro_batch_size} x {dp} = {per_step}, "
-                f"got {self.train.global_batch_size}"
+                "train.moe_aux_loss_coef: the pipeline runtime does not add the MoE "
+                "load-balance loss yet; set it to 0 or use pp = 1"
             )
-        return self.train.global_batch_size // per_step
+        return job
 
     def to_dict(self) -> dict[str, Any]:
         return to_dict(self)
+
+
+# Fields that moved into parallel.strategy (one place for the layout), and where they went.
+REPLACED = {
+    "parallel.fsdp": "parallel.strategy's zero: zero=3 FSDP2 (the default), zero=0 DDP",
+    "parallel.reshard_after_forward": "parallel.strategy's zero: zero=3 reshards after "
+    "forward, zero=2 keeps parameters gathered",
+}
 
 
 def load_config(path: str | Path | None = None, overrides: list[str] | None = None) -> TrainConfig:
@@ -281,6 +294,10 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     updates = parse_overrides(overrides or [])  # first: a malformed override explains more
     data = read_table_file(path, ConfigError) if path is not None else {}
     merged = _deep_merge(data, updates)
+    for name, instead in REPLACED.items():
+        section, key = name.split(".")
+        if key in merged.get(section, {}):
+            raise ConfigError(f"{name}: no longer a config field; use {instead}")
     return from_dict(TrainConfig, merged, "", ConfigError)
 
 

@@ -22,7 +22,7 @@ from torch import nn
 
 from legato.data import PackedDataset
 from legato.errors import DataError
-from legato.train.loss import IGNORE_INDEX, token_loss_sum
+from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.run_data import eval_dataset, split_holdout, token_stream
 from legato.train.trained_model import TrainedModel
 

@@ -27,10 +27,10 @@ import torch.distributed as dist
 from torch import Tensor, nn
 
 from legato.models.transformer import Transformer
+from legato.parallel.job import pipeline_schedule
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.process_group import DistContext, all_reduce_flat
 from legato.specs.strategy import Strategy
-from legato.train.strategy import pipeline_schedule
 
 
 class PipelineStep:
@@ -44,8 +44,8 @@ class PipelineStep:
         autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
     ) -> None:
         mesh = ctx.mesh
-        if mesh is None or mesh.mesh_dim_names != ("pp", "dp"):
-            raise RuntimeError("PipelineStep needs the ('pp', 'dp') mesh of use_pipeline_mesh")
+        if mesh is None or "pp" not in (mesh.mesh_dim_names or ()):
+            raise RuntimeError("PipelineStep needs the run mesh of parallel.mesh.build_mesh")
         self.ctx, self.autocast = ctx, autocast
         self.pp_rank = mesh.get_local_rank("pp")
         self.pp_group = mesh.get_group("pp")

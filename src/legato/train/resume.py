@@ -59,8 +59,6 @@ CHANGEABLE = frozenset(
         "parallel.nproc",
         "parallel.backend",
         "parallel.strategy",
-        "parallel.fsdp",
-        "parallel.reshard_after_forward",
         "checkpoint.every",
         "checkpoint.keep",
         "checkpoint.resume",

@@ -1,15 +1,11 @@
-"""The training loop: a seeded model, FSDP2 (or DDP), AdamW, accumulation, checkpoints.
+"""The training loop: a seeded model laid out by its Job, AdamW, checkpoints, metrics.
 
-The loss of a step is the mean cross-entropy over every label token of the global batch,
-however the batch is split over ranks and micro-steps: each micro-batch backpropagates its
-summed token loss times ``world / tokens_in_global_batch``, and the data-parallel gradient
-reduction averages over ranks, so the gradient is exactly that of the full-batch mean.
-That is what makes 2 processes reproduce 1 process step for step.
-
-``parallel.strategy`` chooses the layout (``train.strategy``): with pp = 1 the model is
-wrapped in FSDP2 or DDP over all processes, as above; with pp > 1 the step is delegated
-to ``train.pipeline_step.PipelineStep`` (pipeline stages on a ("pp", "dp") mesh), which
-keeps the same loss convention, so both reproduce 1 process.
+``parallel.strategy`` is resolved once into a ``parallel.job.Job``; the run's one mesh is
+built from it (``parallel.mesh``) and the model is laid out by ``parallel.parallelize``.
+The loop sees one step interface: ``parallel.data_parallel_step.DataParallelStep`` without
+a pipeline, ``parallel.pipeline_step.PipelineStep`` with one. Both keep the same loss
+convention (the mean over every label token of the global batch, whatever the split), so
+every layout reproduces one process step for step.
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor
+import torch.distributed as dist
 
 from legato.atomic import write_text_atomic
 from legato.calibrate.device_peak import peak_flops
@@ -34,17 +30,17 @@ from legato.data import PackedDataset, Tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError
 from legato.models import build_model
 from legato.moe import end_step
+from legato.parallel.data_parallel_step import DataParallelStep
+from legato.parallel.fp8 import apply_fp8, compute_dtype
+from legato.parallel.mesh import GRADIENT_DIM, build_mesh, submesh
+from legato.parallel.parallelize import parallelize
 from legato.parallel.process_group import DistContext, process_group
-from legato.precision.fsdp_fp8 import enable_fp8_all_gather
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train import resume
-from legato.train.apply_strategy import compute_dtype, data_parallel, to_fp8
 from legato.train.config import TrainConfig, make_run_dir, resolve_model
-from legato.train.distributed import gradient_sync, unwrap, use_pipeline_mesh
 from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
-from legato.train.loss import IGNORE_INDEX, token_loss_sum
 from legato.train.metrics import (
     EvalMetrics,
     MetricsLog,
@@ -67,7 +63,6 @@ from legato.train.run_data import (
     split_holdout,
     token_stream,
 )
-from legato.train.strategy import describe, describe_device, resolve_strategy
 
 
 @dataclass
@@ -114,10 +109,9 @@ class Trainer:
     def _fit(self, ctx: DistContext) -> TrainResult:
         cfg = self.config
         self.ctx = ctx
-        self.strategy = resolve_strategy(cfg, self.spec, ctx.world_size)
-        self.accum = self.strategy.num_microbatches
-        if self.strategy.pp > 1:
-            use_pipeline_mesh(ctx, self.strategy.pp)
+        self.job = cfg.job(self.spec, ctx.world_size)
+        self.strategy = self.job.strategy
+        ctx.mesh = build_mesh(self.job, ctx.device.type)
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
         self.dataset, self.eval_set, tokenizer = self._load_data()
         if ctx.is_main:  # the run keeps its tokenizer, whatever happens to the cache
@@ -156,49 +150,40 @@ class Trainer:
         dataset = PackedDataset(train_tokens, self.seq_len, seed=self.config.train.seed)
         if held_out is None:
             return dataset, None, tokenizer
-        if self.config.train.eval_every and self.strategy.pp > 1:
-            raise ConfigError("train.eval_every: must be 0 with pp > 1 (not supported yet)")
+        if self.config.train.eval_every and (self.strategy.pp > 1 or self.strategy.cp > 1):
+            raise ConfigError(
+                "train.eval_every: must be 0 with pp > 1 or cp > 1 (not supported yet)"
+            )
         return dataset, eval_dataset(held_out, self.seq_len, "data.holdout"), tokenizer
 
     def _build(self, ctx: DistContext) -> None:
-        cfg = self.config
+        cfg, job = self.config, self.job
         low = compute_dtype(cfg.train.dtype)  # bf16 for bf16 and fp8; fp32 masters always
         if low is not None and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
             raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp32'")
-        # The full model is built (seeded) on every rank and then sharded or cut into
+        # The full model is built (seeded) on every rank and then laid out or cut into
         # stages, so any layout starts from identical weights.
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
         self.num_params = sum(p.numel() for p in model.parameters())
-        to_fp8(model, cfg.train.dtype)  # in place, before any wrapping
-        fsdp = cfg.parallel.fsdp and ctx.distributed and self.strategy.pp == 1
-        if cfg.train.fp8_all_gather and fsdp:
-            enable_fp8_all_gather(model)  # FSDP2 then gathers e4m3 tiles, not bf16
-        # FSDP2 casts the parameters itself (param_dtype); the EP experts it ignores
-        # take their compute dtype from autocast.
-        self.autocast = (
-            (lambda: torch.autocast(ctx.device.type, dtype=torch.bfloat16))
-            if low is not None and (not fsdp or self.strategy.ep > 1)
-            else contextlib.nullcontext
-        )
-        self.pipeline: PipelineStep | None = None
-        self.swap = None
-        if self.strategy.pp > 1:
-            self.pipeline = PipelineStep(model, self.strategy, ctx, self.autocast)
-            self.model = model  # the full model: its parameter names key the checkpoint
-            trained = self.pipeline.module
-        else:
-            laid_out = data_parallel(
-                model,
-                self.strategy,
-                ctx,
-                fsdp=cfg.parallel.fsdp,
-                reshard_after_forward=cfg.parallel.reshard_after_forward,
-                param_dtype=low,
+        if job.strategy.pp > 1:
+            apply_fp8(model, cfg.train.dtype, all_gather=False)
+            autocast = (
+                (lambda: torch.autocast(ctx.device.type, dtype=low))
+                if low is not None
+                else contextlib.nullcontext
             )
-            self.model = trained = laid_out.module
-            self.swap = laid_out.swap  # held: its hooks live as long as the trainer
-        self.trained = trained
-        self.optimizer = build_optimizer(trained, cfg.optim)
+            self.step = PipelineStep(model, self.strategy, ctx, autocast)
+            self.model = model  # the full model: its parameter names key the checkpoint
+            self.evaluated = self.swap = None
+        else:
+            laid_out = parallelize(model, job, ctx.mesh, fp8_all_gather=cfg.train.fp8_all_gather)
+            self.step = DataParallelStep(
+                laid_out, job, ctx.mesh, ctx.device, cfg.train.moe_aux_loss_coef
+            )
+            self.model = laid_out.module
+            self.evaluated = laid_out
+            self.swap = laid_out.swap
+        self.optimizer = build_optimizer(self.step.module, cfg.optim)
         self.scheduler = build_lr_schedule(self.optimizer, cfg.optim, cfg.train.steps)
         self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
         self.peak = peak_flops(ctx.device, cfg.train.dtype) if ctx.is_main else None
@@ -206,7 +191,7 @@ class Trainer:
     @property
     def _owned(self) -> list[str] | None:
         """The model FQNs this rank checkpoints (its stages'); None = the whole model."""
-        return self.pipeline.fqns if self.pipeline is not None else None
+        return self.step.fqns
 
     def _resume(self, run_dir: Path) -> tuple[int, Path | None, dict[str, list[Any]], str]:
         """Load the checkpoint ``checkpoint.resume`` names, if any: (its step, its path,
@@ -233,19 +218,15 @@ class Trainer:
     def _describe(self, run_dir: Path, tokenizer_name: str) -> str:
         cfg, ctx, spec = self.config, self.ctx, self.spec
         how = "one process"
-        if self.pipeline is not None:
-            how = f"{ctx.world_size} processes, {describe(self.strategy)} over {ctx.backend}"
-        elif ctx.distributed:
-            how = f"{ctx.world_size} processes, {'FSDP2' if cfg.parallel.fsdp else 'DDP'} over {ctx.backend}"
-        if self.pipeline is None and describe_device(self.strategy):
-            how += f" ({describe_device(self.strategy)})"
+        if ctx.distributed:
+            how = f"{ctx.world_size} processes, {self.job.describe()} over {ctx.backend}"
         return (
             f"model {spec.name}: {self.num_params / 1e6:.2f}M params, {spec.num_layers} layers, "
             f"hidden {spec.hidden_size} | data: {len(self.dataset.tokens):,} tokens "
             f"({tokenizer_name}), {self.dataset.num_sequences:,} sequences of {self.seq_len} | "
             f"{how} on {ctx.device.type}, {torch.get_num_threads()} threads/process | batch "
             f"{cfg.train.global_batch_size} = dp {ctx.dp_size} x micro {cfg.train.micro_batch_size} "
-            f"x {self.accum} micro-batches | {cfg.train.dtype} | {cfg.train.steps} steps | "
+            f"x {self.job.microbatches} micro-batches | {cfg.train.dtype} | {cfg.train.steps} steps | "
             f"run dir {run_dir}"
         )
 
@@ -309,6 +290,7 @@ class Trainer:
     def _evaluate(self, step: int, log: MetricsLog | None) -> None:
         """Validation loss on the held-out windows, averaged over every rank's tokens."""
         ctx = self.ctx
+        dp_group = submesh(ctx.mesh, "dp").get_group() if ctx.dp_size > 1 else None
         result = evaluate(
             self.model,
             self.eval_set,
@@ -316,8 +298,8 @@ class Trainer:
             device=ctx.device,
             rank=ctx.dp_rank,
             world=ctx.dp_size,
-            all_reduce=ctx.all_reduce_sum,
-            autocast=self.autocast,
+            all_reduce=lambda t: _all_reduce(t, dp_group),
+            autocast=self.evaluated.step_context,
             loss_chunk=self.strategy.loss_chunk,
         )
         if log is not None:
@@ -328,49 +310,16 @@ class Trainer:
 
     def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
         """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
-        max_norm = self.config.optim.grad_clip or math.inf
-        if self.pipeline is not None:
-            loss = self.pipeline.forward_backward(inputs, labels)
-            norm = self.pipeline.clip_grad_norm(max_norm)
-        else:
-            loss, norm = self._data_parallel_step(inputs, labels, max_norm)
+        loss = self.step.forward_backward(inputs, labels)
+        norm = self.step.clip_grad_norm(self.config.optim.grad_clip or math.inf)
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.spec.is_moe:  # routers' load counts: bias update (if any) and reset
-            group = self.ctx.mesh.get_group("dp") if self.ctx.dp_size > 1 else None
-            end_step(self.trained, self.config.train.router_bias_rate, group)
+            many = self.job.gradient_ranks > 1
+            group = submesh(self.ctx.mesh, GRADIENT_DIM).get_group() if many else None
+            end_step(self.step.module, self.config.train.router_bias_rate, group)
         return loss, norm
-
-    def _data_parallel_step(
-        self, inputs: torch.Tensor, labels: torch.Tensor, max_norm: float
-    ) -> tuple[float, float]:
-        """Accumulate over the micro-batches (FSDP2/DDP reduce on the last), then clip."""
-        ctx, cfg, model = self.ctx, self.config, self.model
-        inputs, labels = inputs.to(ctx.device), labels.to(ctx.device)
-        count = int(ctx.all_reduce_sum((labels != IGNORE_INDEX).sum()).item())
-        scale = ctx.world_size / count
-        aux_coef = cfg.train.moe_aux_loss_coef / self.accum
-        loss_sum = torch.zeros((), device=ctx.device)
-        micro = cfg.train.micro_batch_size
-        for i in range(self.accum):
-            rows = slice(i * micro, (i + 1) * micro)
-            with gradient_sync(model, i == self.accum - 1):
-                with self.autocast():
-                    token_loss = token_loss_sum(
-                        model, inputs[rows], labels[rows], self.strategy.loss_chunk
-                    )
-                objective = token_loss * scale
-                aux = unwrap(model).moe_aux_loss() if aux_coef else None
-                if aux is not None:
-                    objective = objective + aux_coef * aux.float()
-                objective.backward()
-            loss_sum += token_loss.detach()
-        ctx.all_reduce_sum(loss_sum)
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, foreach=True)
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return loss_sum.item() / count, float(norm)
 
     # ------------------------------------------------------------------ outputs
 
@@ -414,6 +363,12 @@ class Trainer:
         else:
             self.progress.message(_summary_text(summary))
         return summary
+
+
+def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
+    if group is not None:
+        dist.all_reduce(tensor, group=group)
+    return tensor
 
 
 def _summary_text(summary: dict[str, Any]) -> str:

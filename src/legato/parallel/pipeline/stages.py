@@ -55,6 +55,12 @@ class StageModule(nn.Module):
         tied = self.is_last and self.tied_embeddings
         self.output_embedding = decoder.embed_tokens if tied else None
 
+    @property
+    def blocks(self) -> nn.ModuleList:
+        """The stage's transformer blocks (``Transformer.blocks`` for a whole model), what
+        the appliers of ``legato.parallel`` lay out block by block."""
+        return self.layers
+
     def forward(self, x: Tensor, position_ids: Tensor | None = None) -> Tensor:
         if position_ids is None:
             position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)

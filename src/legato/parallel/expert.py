@@ -1,4 +1,4 @@
-"""Expert parallelism: shard every MoE layer's experts over a 1-D device mesh (the EP axis).
+"""Expert parallelism (the EP applier): shard every MoE layer's experts over a 1-D device mesh (the EP axis).
 
 Rank r of an EP group of size ``ep`` owns experts ``[r*E/ep, (r+1)*E/ep)``; the stacked
 expert parameters become DTensors ``Shard(0)`` on the EP mesh, so ``init_weights``,
@@ -25,17 +25,29 @@ from legato.errors import ConfigError
 from legato.moe.chunked_overlap import Overlap
 from legato.moe.comm import EPGroup
 from legato.moe.experts import GroupedExperts
-from legato.moe.layer import MoELayer
-from legato.specs.strategy import StrategyError
-
-
-def moe_layers(model: nn.Module) -> list[MoELayer]:
-    return [m for m in model.modules() if isinstance(m, MoELayer)]
+from legato.moe.layer import MoELayer, moe_layers
+from legato.parallel.mesh import GRADIENT_DIM, submesh
+from legato.specs.strategy import Strategy, StrategyError
 
 
 def expert_parameters(model: nn.Module) -> list[nn.Parameter]:
     """The routed experts' parameters (to exclude from FSDP under expert parallelism)."""
     return [p for m in model.modules() if isinstance(m, GroupedExperts) for p in m.parameters()]
+
+
+def overlap_of(strategy: Strategy) -> Overlap:
+    """The MoE layer's ``Overlap`` from the strategy's ``moe_overlap`` ('none' = plain)."""
+    if strategy.moe_overlap == "none":
+        return Overlap()
+    return Overlap(strategy.moe_overlap, strategy.moe_chunks, strategy.moe_groups)
+
+
+def apply_expert(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> set[nn.Parameter]:
+    """The EP applier: experts sharded over the run mesh's ``dp_cp`` ranks (``ep = dp *
+    cp``, as ``parallel.job`` checks); returns the expert parameters the data-parallel
+    applier must leave alone."""
+    apply_expert_parallel(model, submesh(mesh, GRADIENT_DIM), overlap_of(strategy))
+    return set(expert_parameters(model))
 
 
 def apply_expert_parallel(

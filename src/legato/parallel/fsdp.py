@@ -1,10 +1,4 @@
-"""Data-parallel wrapping for the trainer, on the process group of ``parallel.process_group``.
-
-With several processes the model is sharded with FSDP2 (``fully_shard`` on every block,
-then the root) over the 1-D ``"dp"`` mesh ``join`` builds, or replicated with DDP when
-``parallel.fsdp`` is false. A pipeline job (pp > 1) uses a 2-D ``("pp", "dp")`` mesh
-instead (``use_pipeline_mesh``).
-"""
+"""The data-parallel applier: FSDP2 or DDP over the run mesh's gradient group (``dp_cp``)."""
 
 from __future__ import annotations
 
@@ -13,52 +7,44 @@ from collections.abc import Iterator
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
-from legato.parallel.process_group import DistContext
+from legato.parallel.mesh import GRADIENT_DIM, submesh
+from legato.specs.strategy import Strategy, StrategyError
 
 
-def use_pipeline_mesh(ctx: DistContext, pp: int) -> None:
-    """Replace ``ctx.mesh`` by the 2-D ``("pp", "dp")`` mesh of a pipeline job.
-
-    pp is the outer dimension (the strategy's rank order): the ranks of one pipeline are
-    ``world / pp`` apart and each data-parallel group is a contiguous block of ranks.
-    """
-    shape = (pp, ctx.world_size // pp)
-    ctx.mesh = init_device_mesh(ctx.device.type, shape, mesh_dim_names=("pp", "dp"))
-
-
-def wrap_model(
+def apply_data_parallel(
     model: nn.Module,
-    ctx: DistContext,
+    strategy: Strategy,
+    mesh: DeviceMesh,
     *,
-    fsdp: bool,
-    reshard_after_forward: bool = True,
     param_dtype: torch.dtype | None = None,
     ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
-    """Data-parallel ``model`` over ``ctx.mesh``: FSDP2 per block then the root, or DDP.
+    """``model`` data-parallel over ``mesh["dp_cp"]`` by ``strategy.zero``: FSDP2 per
+    block then the root (3: resharded after forward, 2: kept gathered), or DDP (0).
 
     ``param_dtype`` (e.g. bf16) is FSDP2's mixed precision: parameters are gathered and
     computed in it while the sharded master copy and gradient reduction stay fp32.
     ``ignored_params``: parameters FSDP2 leaves alone (experts sharded by EP).
-    Alone (world size 1) the model is returned as is.
     """
-    if not ctx.distributed:
-        return model
-    if not fsdp:
-        ids = [ctx.device.index] if ctx.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=ids)
+    group = submesh(mesh, GRADIENT_DIM)
+    if strategy.zero == 0:
+        device = group.device_type
+        ids = [torch.cuda.current_device()] if device == "cuda" else None
+        return DistributedDataParallel(model, device_ids=ids, process_group=group.get_group())
+    if strategy.zero == 1:
+        raise StrategyError("strategy.zero: zero=1 is not executed yet; use 0, 2 or 3")
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     options = {
-        "mesh": ctx.mesh,
-        "reshard_after_forward": reshard_after_forward,
+        "mesh": group,
+        "reshard_after_forward": strategy.zero == 3,
         "mp_policy": policy,
         "ignored_params": ignored_params,
     }
-    for block in model.model.layers:
+    for block in model.blocks:
         fully_shard(block, **options)
     # The root stays gathered after forward (torch's own heuristic for the root: backward
     # needs it at once), which also keeps the LM head whole for a chunked loss computed

@@ -1,5 +1,6 @@
-"""``parallel.strategy``: parsing, what the trainer accepts, dp and micro-batches derived,
-the schedule built, and one-line errors (from the config and from the command line)."""
+"""``parallel.strategy`` resolved into a Job: parsing, what the runtime accepts, dp, zero
+and micro-batches derived, the schedule built, strategy keys setting the train fields, and
+one-line errors (from the config and from the command line)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ import pytest
 
 from legato.cli.main import main
 from legato.errors import ConfigError
+from legato.parallel.job import pipeline_schedule
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import StrategyError
 from legato.train.config import load_config, resolve_model
-from legato.train.strategy import pipeline_schedule, resolve_strategy
 
 SPEC = ModelSpec(
     name="t", hidden_size=32, num_layers=4, num_heads=2, num_kv_heads=1, vocab_size=64, seq_len=32
@@ -21,7 +22,7 @@ SPEC = ModelSpec(
 
 def _resolve(strategy: str, world: int, *extra: str):
     config = load_config(None, [f"--parallel.strategy={strategy}", *extra])
-    return resolve_strategy(config, SPEC, world)
+    return config.job(SPEC, world).strategy
 
 
 def test_default_is_data_parallel_over_every_process() -> None:
@@ -30,12 +31,33 @@ def test_default_is_data_parallel_over_every_process() -> None:
     assert _resolve("", 1).dp == 1
 
 
-def test_planner_strings_are_accepted_when_they_agree_with_the_config() -> None:
-    s = _resolve("dp=1,tp=1,pp=2,mbs=2,gbs=8,dtype=fp32,zero=0", 2, "--train.micro_batch_size=2",
-                 "--train.global_batch_size=8")  # fmt: skip
-    assert (s.pp, s.dp, s.num_microbatches) == (2, 1, 4)
-    assert _resolve(s.to_string(), 2, "--train.micro_batch_size=2",
-                    "--train.global_batch_size=8") == s  # fmt: skip
+def test_planner_strings_are_pasted_unchanged_and_set_the_train_fields() -> None:
+    text = "dp=1,tp=1,pp=2,mbs=2,gbs=8,dtype=bf16,zero=0"
+    config = load_config(None, [f"--parallel.strategy={text}", "--train.micro_batch_size=3"])
+    train = config.train
+    assert (train.micro_batch_size, train.global_batch_size, train.dtype) == (2, 8, "bf16")
+    s = config.job(SPEC, 2).strategy
+    assert (s.pp, s.dp, s.num_microbatches, s.zero, s.dtype) == (2, 1, 4, 0, "bf16")
+    # to_string leaves out defaults (dtype bf16): the train section's dtype then applies
+    assert _resolve(s.to_string(), 2, "--train.dtype=bf16") == s
+
+
+def test_zero_is_the_strategys_and_defaults_to_fsdp2_for_data_parallelism() -> None:
+    assert [_resolve(f"zero={z}", 2).zero for z in (0, 2, 3)] == [0, 2, 3]
+    assert _resolve("", 2).zero == 3 and _resolve("", 1).zero == 0
+    assert (
+        _resolve("pp=2", 2, "--train.global_batch_size=8", "--train.micro_batch_size=2").zero == 0
+    )
+
+
+@pytest.mark.parametrize(
+    ("field", "instead"),
+    [("fsdp=false", "zero=0 DDP"), ("reshard_after_forward=false", "zero=2 keeps parameters")],
+)
+def test_replaced_parallel_fields_say_where_they_went(field: str, instead: str) -> None:
+    with pytest.raises(ConfigError, match=instead) as info:
+        load_config(None, [f"--parallel.{field}"])
+    assert str(info.value).startswith(f"parallel.{field.split('=')[0]}: no longer a config field")
 
 
 def test_dp_is_derived_and_micro_batches_follow() -> None:
@@ -64,10 +86,8 @@ def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices
 
 
 CONFIG_ERRORS = [
-    ("tp=2", "parallel.strategy: tp=2 is not executed by the trainer yet"),
-    ("pp=2,cp=2", "parallel.strategy: cp=2 is not executed"),
-    ("etp=2", "parallel.strategy: etp=2 is not executed"),
-    ("pp=2,recompute=full", "parallel.strategy: recompute=full is not executed"),
+    ("etp=2", "parallel.strategy: etp=2: expert tensor parallelism is not executed"),
+    ("dtype=fp16", "parallel.strategy: dtype=fp16 is priced by the planner but not trained"),
     ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
     ("pp=x", "parallel.strategy: strategy.pp must be an integer"),
     ("pp=2,schedule=fast", "parallel.strategy: strategy.schedule must be one of"),
@@ -88,9 +108,7 @@ RESOLVE_ERRORS = [
     ("pp=4,schedule=interleaved,vpp=2", 4, StrategyError, "pp*vpp (8) must divide num_layers"),
     ("pp=2,schedule=zb-v,vpp=4", 2, ConfigError, "zb-v has exactly 2 chunks per rank"),
     ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
-    ("pp=2,mbs=4", 2, ConfigError, "mbs=4 disagrees with train.micro_batch_size (2 here)"),
-    ("dtype=bf16", 2, ConfigError, "dtype=bf16 disagrees with train.dtype (fp32 here)"),
-    ("zero=1", 2, ConfigError, "zero=1 disagrees with parallel.fsdp (3 here)"),
+    ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
 ]
 
 
@@ -111,23 +129,21 @@ def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> N
     ],
 )
 def test_schedule_that_cannot_be_built_is_one_config_error(text: str, message: str) -> None:
-    s = _resolve(text, 2, "--train.global_batch_size=8", "--train.micro_batch_size=2")
-    with pytest.raises(ConfigError, match=message):
-        pipeline_schedule(s)
+    with pytest.raises(ConfigError, match=message):  # the Job builds its schedule
+        _resolve(text, 2, "--train.global_batch_size=8", "--train.micro_batch_size=2")
 
 
 def test_interleaved_needs_whole_rounds_of_micro_batches() -> None:
-    s = _resolve("pp=2,schedule=interleaved,vpp=2", 2, "--train.global_batch_size=6",
-                 "--train.micro_batch_size=2")  # fmt: skip
     with pytest.raises(ConfigError, match="interleaved needs a multiple of stages"):
-        pipeline_schedule(s)
+        _resolve("pp=2,schedule=interleaved,vpp=2", 2, "--train.global_batch_size=6",
+                 "--train.micro_batch_size=2")  # fmt: skip
 
 
 @pytest.mark.parametrize(
     ("strategy", "message"),
     [
         ("pp=3", "must equal the device count 2"),
-        ("tp=2", "tp=2 is not executed by the trainer yet"),
+        ("etp=2", "etp=2: expert tensor parallelism is not executed"),
         ("pp=2,schedule=svpp,slices=2,memory_cap=1", "below the dependency floor"),
     ],
 )
@@ -145,7 +161,7 @@ def test_cli_rejects_a_bad_strategy_before_launching(
 def test_example_tiny_pipeline_runs_svpp_on_its_processes() -> None:
     config = load_config(Path(__file__).resolve().parents[2] / "examples" / "tiny_pipeline.toml")
     spec = resolve_model(config.model)
-    schedule = pipeline_schedule(resolve_strategy(config, spec, config.parallel.nproc))
+    schedule = config.job(spec, config.parallel.nproc).schedule
     assert (schedule.name, schedule.stages, schedule.placement.chunks, schedule.slices) == (
         "svpp", 2, 2, 4,
     )  # fmt: skip

@@ -1,0 +1,98 @@
+"""The step of a job without a pipeline: micro-batches accumulated, gradients reduced once.
+
+The trainer sees one step interface (``forward_backward``, ``clip_grad_norm``, ``module``,
+``fqns``), implemented here and by ``parallel.pipeline_step.PipelineStep``.
+
+Loss convention: the loss of a step is the mean cross-entropy over every label token of
+the global batch, however it is split over ranks and micro-batches. Each micro-batch
+backpropagates its summed token loss times ``gradient_ranks / tokens_in_global_batch``
+and FSDP2 / DDP average over the ``dp x cp`` ranks, so the gradient is exactly that of the
+full-batch mean. Tensor-parallel ranks hold the same tokens and count them once.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor
+
+from legato.parallel.fsdp import gradient_sync, unwrap
+from legato.parallel.job import Job
+from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
+from legato.parallel.mesh import GRADIENT_DIM, submesh
+from legato.parallel.parallelize import Parallelized
+
+
+class DataParallelStep:
+    """One optimizer step's forward and backward for a laid-out whole model."""
+
+    def __init__(
+        self,
+        laid_out: Parallelized,
+        job: Job,
+        mesh: DeviceMesh | None,
+        device: torch.device,
+        aux_loss_coef: float = 0.0,
+    ) -> None:
+        self.laid_out, self.job, self.device = laid_out, job, device
+        self.module = laid_out.module
+        self.fqns: list[str] | None = None  # every rank checkpoints the whole model
+        self.dp_group = submesh(mesh, "dp").get_group() if job.strategy.dp > 1 else None
+        many = job.gradient_ranks > 1
+        self.gradient_group = submesh(mesh, GRADIENT_DIM).get_group() if many else None
+        self.aux_coef = aux_loss_coef / job.microbatches
+
+    def forward_backward(self, inputs: Tensor, labels: Tensor) -> float:
+        """This rank's rows (``gbs / dp``) in ``microbatches`` micro-batches; returns the
+        global batch's mean loss, the same on every rank."""
+        job, model = self.job, self.module
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        count = _sum((labels != IGNORE_INDEX).sum(), self.dp_group)
+        scale = job.gradient_ranks / max(int(count.item()), 1)
+        loss_sum = torch.zeros((), device=self.device)
+        micro, steps = job.strategy.mbs, job.microbatches
+        for i in range(steps):
+            rows = slice(i * micro, (i + 1) * micro)
+            with gradient_sync(model, i == steps - 1), self.laid_out.step_context():
+                token_loss = token_loss_sum(
+                    model, inputs[rows], labels[rows], job.strategy.loss_chunk
+                )
+                objective = token_loss * scale
+                aux = unwrap(model).moe_aux_loss() if self.aux_coef else None
+                if aux is not None:
+                    objective = objective + self.aux_coef * aux.float()
+                objective.backward()
+            loss_sum += token_loss.detach()
+        return _sum(loss_sum, self.gradient_group).item() / max(int(count.item()), 1)
+
+    def clip_grad_norm(self, max_norm: float) -> float:
+        """Clip to the global gradient norm; returns it (before clipping)."""
+        params = [p for p in self.module.parameters() if p.grad is not None]
+        return clip_grad_norm(params, max_norm)
+
+
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
+    """``clip_grad_norm_`` over parameters that may live on different meshes (tensor- and
+    expert-parallel DTensors beside FSDP2's): one norm per mesh, each made whole, then
+    combined, where torch's single ``foreach`` pass refuses mixed meshes."""
+    by_mesh: dict[object, list[torch.nn.Parameter]] = defaultdict(list)
+    for p in params:
+        by_mesh[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
+        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).square())
+    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
+    for group in by_mesh.values():
+        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
+    return float(total)
+
+
+def _sum(tensor: Tensor, group: dist.ProcessGroup | None) -> Tensor:
+    if group is not None:
+        dist.all_reduce(tensor, group=group)
+    return tensor

@@ -1,0 +1,258 @@
+"""The Job: ``parallel.strategy`` resolved once, before any process starts, for one run.
+
+A ``Job`` is what every rank of a run reads: the complete ``Strategy`` (``dp`` derived,
+``zero``, batch sizes and precision filled in), the trained dtype, the pipeline schedule
+(pp > 1) and the mesh shape. Nothing re-parses the strategy string after this; nothing
+keeps a second copy of its fields. Pure Python (no torch), so the command line rejects a
+strategy the runtime cannot place before it launches a process.
+
+What ``legato train`` executes (``legato.parallel.parallelize``): ``dp`` with ``zero``
+0 (DDP), 1 (sharded optimizer states), 2 (FSDP2, parameters kept gathered between forward
+and backward) or 3 (FSDP2, resharded after forward); ``tp`` (Megatron column/row through
+``parallelize_module``, vocabulary-parallel embedding, LM head and loss) with ``sp``;
+``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
+``dp x cp`` ranks); ``recompute``; ``pp`` with every schedule of ``legato.schedule``;
+``swap`` and ``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. The keys ``mbs``, ``gbs`` and
+``dtype`` of the string *are* the config's ``train.micro_batch_size``,
+``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
+``legato plan`` can be pasted unchanged.
+
+Micro-batches per step on each pipeline (data-parallel replica)::
+
+    m = gbs / (mbs * dp)
+
+the gradient-accumulation count when ``pp = 1`` and the schedule's micro-batch count when
+``pp > 1``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from legato.errors import ConfigError
+from legato.schedule import Schedule, ScheduleError, build_schedule
+from legato.specs.dtypes import DTYPE_KINDS
+from legato.specs.model import ModelSpec
+from legato.specs.schedules import SCHEDULE_KINDS
+from legato.specs.strategy import Strategy, StrategyError
+
+FIELD = "parallel.strategy"
+AUTO = "auto"
+# strategy key -> the config field it sets (the same number, written in one place)
+OWNED_BY_TRAIN = {
+    "mbs": "train.micro_batch_size",
+    "gbs": "train.global_batch_size",
+    "dtype": "train.dtype",
+}
+# strategy dtype -> the trained dtype it means (fp16 is priced by the planner, not trained)
+TRAINED_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
+PIPELINE_ONLY = ("vpp", "schedule", "slices", "memory_cap")
+# Keys the planner prices that the runtime refuses (with the reason), until it runs them.
+NOT_EXECUTED: dict[str, str] = {
+    "etp": "expert tensor parallelism is not executed yet; use etp=1",
+    "tp": "not executed yet",
+    "cp": "not executed yet",
+    "recompute": "not executed yet",
+}
+
+
+def given_keys(text: str) -> list[str]:
+    """The keys written in a strategy string (after ``Strategy.parse`` accepted it)."""
+    return [item.partition("=")[0].strip() for item in text.split(",") if item.strip()]
+
+
+def parse_strategy(text: str) -> Strategy:
+    """``parallel.strategy`` as a Strategy: a ConfigError for its syntax, a key the
+    runtime does not execute, or pipeline options without a pipeline."""
+    try:
+        strategy = Strategy.parse(text)
+    except StrategyError as exc:
+        raise ConfigError(f"{FIELD}: {exc}") from None
+    default = Strategy()
+    for key, why in NOT_EXECUTED.items():
+        if getattr(strategy, key) != getattr(default, key):
+            raise ConfigError(f"{FIELD}: {key}={getattr(strategy, key)}: {why}")
+    keys = given_keys(text)
+    pipeline_options = [
+        k
+        for k in PIPELINE_ONLY
+        if k in keys and (k == "schedule" or getattr(strategy, k) != getattr(default, k))
+    ]
+    if strategy.pp == 1 and pipeline_options:
+        raise ConfigError(f"{FIELD}: {', '.join(pipeline_options)} need pp > 1, got {text!r}")
+    if strategy.dtype not in TRAINED_DTYPE:
+        raise ConfigError(
+            f"{FIELD}: dtype={strategy.dtype} is priced by the planner but not trained; "
+            f"allowed {', '.join(TRAINED_DTYPE)}"
+        )
+    return strategy
+
+
+def owned_by_train(text: str) -> dict[str, Any]:
+    """The ``train`` fields a strategy string sets (``{"micro_batch_size": 4, ...}``):
+    empty for '' and 'auto'."""
+    if not text or text == AUTO:
+        return {}
+    strategy, keys = parse_strategy(text), given_keys(text)
+    values = {"mbs": strategy.mbs, "gbs": strategy.gbs, "dtype": TRAINED_DTYPE[strategy.dtype]}
+    return {OWNED_BY_TRAIN[k].split(".")[1]: values[k] for k in OWNED_BY_TRAIN if k in keys}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One run's layout, resolved once. ``dtype`` is the trained dtype (``train.dtype``:
+    fp32, bf16, fp8, fp8-rowwise); ``strategy.dtype`` is how the cost model prices it.
+    ``prediction``: the cost model's answer for this job, when one was made."""
+
+    strategy: Strategy
+    dtype: str
+    schedule: Schedule | None = None
+    prediction: Any = None
+
+    @property
+    def mesh_shape(self) -> dict[str, int]:
+        """The mesh dimensions, outer to inner (``cost/mesh.py``'s rank order); 2-D tensor
+        parallelism splits ``tp`` into ``tp_y`` and ``tp_x`` (innermost)."""
+        s = self.strategy
+        tp = {"tp_y": s.tp_y, "tp_x": s.tp_x} if s.tp_y > 1 else {"tp": s.tp}
+        return {"pp": s.pp, "dp": s.dp, "cp": s.cp, **tp}
+
+    @property
+    def gradient_ranks(self) -> int:
+        """Ranks that see different tokens and average one weight's gradient (dp x cp)."""
+        return self.strategy.dp * self.strategy.cp
+
+    @property
+    def microbatches(self) -> int:
+        return self.strategy.num_microbatches
+
+    def describe(self) -> str:
+        """The layout in one phrase, e.g. ``tp=2 (sp) x dp=2, FSDP2 (zero=3)``."""
+        s = self.strategy
+        parts = [f"pp={s.pp}"] if s.pp > 1 else []
+        if s.tp > 1:
+            parts.append(f"tp={s.tp_x}x{s.tp_y}" if s.tp_y > 1 else f"tp={s.tp}")
+            parts[-1] += " (sp)" if s.sp else ""
+        parts += [f"cp={s.cp}"] if s.cp > 1 else []
+        parts.append(f"dp={s.dp}")
+        text = " x ".join(parts)
+        if self.gradient_ranks > 1:
+            text += f", {_ZERO_NAMES[s.zero]} (zero={s.zero})"
+        extras = []
+        if s.pp > 1:
+            extras.append(_describe_schedule(s))
+        if s.ep > 1:
+            overlap = s.moe_overlap
+            if overlap != "none":
+                overlap += f" {s.moe_chunks}x{s.moe_groups}"
+            extras.append(f"ep={s.ep} {overlap}")
+        extras += [f"recompute={s.recompute}"] if s.recompute != "none" else []
+        extras += ["swap"] if s.swap else []
+        extras += [f"loss_chunk={s.loss_chunk}"] if s.loss_chunk else []
+        return f"{text}, {', '.join(extras)}" if extras else text
+
+
+_ZERO_NAMES = {0: "DDP", 1: "sharded optimizer", 2: "FSDP2", 3: "FSDP2"}
+
+
+def _describe_schedule(s: Strategy) -> str:
+    parts = [f"vpp={s.vpp}"] if s.vpp > 1 else []
+    parts += [f"slices={s.slices}"] if s.slices > 1 else []
+    parts += [f"memory_cap={s.memory_cap}"] if s.memory_cap else []
+    return f"{s.schedule} ({', '.join(parts)})" if parts else s.schedule
+
+
+def resolve_job(
+    text: str, spec: ModelSpec, world: int, *, mbs: int, gbs: int, dtype: str, seq_len: int
+) -> Job:
+    """The job ``text`` describes on ``world`` processes for sequences of ``seq_len``
+    tokens, batch sizes and dtype from the config (which the string, if it gives them,
+    has already set): one-line errors naming the key for anything that cannot run."""
+    strategy = parse_strategy(text)
+    keys = given_keys(text)
+    dp = strategy.dp
+    if "dp" not in keys:
+        dp = max(1, world // (strategy.pp * strategy.tp * strategy.cp))
+    fixed = SCHEDULE_KINDS[strategy.schedule].chunks
+    if fixed not in (None, 1) and strategy.vpp not in (1, fixed):  # zb-v: a V of 2 chunks
+        raise ConfigError(
+            f"{FIELD}: {strategy.schedule} has exactly {fixed} chunks per rank, "
+            f"got vpp={strategy.vpp}"
+        )
+    vpp = strategy.vpp if fixed in (None, 1) else fixed  # vpp > 1 with one chunk: refused below
+    zero = strategy.zero
+    if "zero" not in keys:  # FSDP2 for data parallelism, a flat all-reduce in a pipeline
+        zero = 3 if strategy.pp == 1 and dp * strategy.cp > 1 else 0
+    strategy = strategy.with_(
+        dp=dp, vpp=vpp, zero=zero, mbs=mbs, gbs=gbs, dtype=DTYPE_KINDS[dtype].priced_as
+    )
+    where = f"{FIELD} = {text!r} on {world} processes"
+    try:
+        strategy.check(spec, world)
+    except StrategyError as exc:
+        raise StrategyError(f"{where}: {exc}") from None
+    _check_runtime(strategy, spec, seq_len, where)
+    schedule = pipeline_schedule(strategy) if strategy.pp > 1 else None
+    return Job(strategy, dtype, schedule)
+
+
+def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> None:
+    """What the runtime adds to ``Strategy.check``: the sequence the data really has, and
+    the combinations whose pieces cannot hold each other."""
+    if s.cp > 1 and seq_len % (2 * s.cp):
+        raise StrategyError(
+            f"{where}: cp={s.cp} cuts each sequence into 2*cp = {2 * s.cp} chunks (causal "
+            f"load balancing); data.seq_len {seq_len} is not a multiple of it"
+        )
+    if s.slices > 1 and seq_len % s.slices:
+        raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
+    if s.pp > 1 and (s.tp > 1 or s.cp > 1):
+        raise StrategyError(f"{where}: pp > 1 with tp or cp > 1 is not executed yet")
+    pipeline_not_yet = [
+        k for k in ("ep", "swap", "loss_chunk") if getattr(s, k) != getattr(Strategy(), k)
+    ]
+    if s.pp > 1 and pipeline_not_yet:
+        raise StrategyError(
+            f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 are not executed yet"
+        )
+    data_parallel = s.dp * s.cp > 1
+    if s.ep > 1 and s.ep != s.dp * s.cp:
+        raise StrategyError(
+            f"{where}: ep={s.ep} must equal dp*cp = {s.dp * s.cp} (experts sharded over "
+            f"every rank of a stage that sees other tokens; ep < dp*cp is not run yet)"
+        )
+    if s.ep > 1 and s.zero < 2 and s.pp == 1:
+        raise StrategyError(
+            f"{where}: ep > 1 needs zero=2 or 3 (FSDP2 holds the experts' DTensors beside "
+            f"the dense parameters), got zero={s.zero}"
+        )
+    if s.loss_chunk and data_parallel and s.zero < 2 and s.pp == 1:
+        raise StrategyError(
+            f"{where}: loss_chunk > 0 runs with zero=2 or 3 or one process (DDP's forward "
+            f"does not see the model's hidden_states), got zero={s.zero}"
+        )
+    if s.tp > 1 and data_parallel and s.zero < 2:
+        raise StrategyError(
+            f"{where}: tp > 1 with dp*cp > 1 needs zero=2 or 3 (FSDP2 over the tensor-"
+            f"parallel DTensors), got zero={s.zero}"
+        )
+
+
+def pipeline_schedule(strategy: Strategy) -> Schedule:
+    """The schedule a pipeline strategy runs: ``strategy.num_microbatches`` micro-batches,
+    ``vpp`` -> chunks, ``slices``, ``memory_cap`` (0 = the builder's default)."""
+    name = strategy.schedule
+    options: dict[str, int] = {}
+    if name in ("interleaved", "svpp"):
+        options["chunks"] = strategy.vpp
+    if name in ("seq1f1b", "svpp") or strategy.slices > 1:
+        options["slices"] = strategy.slices
+    if strategy.memory_cap:
+        options["memory_cap"] = strategy.memory_cap
+    try:
+        return build_schedule(
+            name, stages=strategy.pp, microbatches=strategy.num_microbatches, **options
+        )
+    except ScheduleError as exc:
+        raise ConfigError(f"{FIELD}: {exc}") from None

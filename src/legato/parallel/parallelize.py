@@ -1,0 +1,87 @@
+"""``parallelize(model, job, mesh)``: lay a model (or one pipeline stage) out as its Job says.
+
+One applier per file of ``legato.parallel``, applied in this order, each for a reason:
+
+1. FP8 (``fp8``): swaps module classes in place, so everything after sees FP8 linears.
+2. TP / SP (``tensor``): turns weights into DTensors on ``mesh["tp"]``; FSDP2 then shards
+   those DTensors over the data-parallel ranks (2-D, as torchtitan does).
+3. CP (``context``): replaces the attention core; parameters are untouched.
+4. EP (``expert``): the stacked expert weights become DTensors on the EP ranks, which the
+   data-parallel applier must then leave alone.
+5. recompute (``recompute``): wraps blocks (or their attention core) before FSDP2 wraps
+   them, so the recomputed forward re-gathers nothing it does not need.
+6. FSDP2 / DDP (``fsdp``): ZeRO by ``strategy.zero`` over ``mesh["dp_cp"]``.
+7. swap (``swap``): hooks the blocks' ``__call__`` and must see gathered parameters.
+
+The same function lays out a whole model (pp = 1) and each pipeline stage (pp > 1).
+Adding a parallelism is one applier file, one mesh dimension and one line here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+
+from legato.memory import ActivationSwap
+from legato.parallel.expert import apply_expert
+from legato.parallel.fp8 import apply_fp8, compute_dtype
+from legato.parallel.fsdp import apply_data_parallel, unwrap
+from legato.parallel.job import Job
+from legato.parallel.swap import apply_swap
+
+ContextFactory = Callable[[], contextlib.AbstractContextManager]
+
+
+@dataclass
+class Parallelized:
+    """The laid-out module and what a step must do around it.
+
+    ``contexts``: entered, in order, around each micro-batch's forward and backward
+    (autocast where no applier casts the parameters, the vocabulary-parallel loss, ...).
+    ``swap`` is held so its hooks live as long as the module.
+    """
+
+    module: nn.Module
+    contexts: list[ContextFactory] = field(default_factory=list)
+    swap: ActivationSwap | None = None
+
+    @contextlib.contextmanager
+    def step_context(self) -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            for factory in self.contexts:
+                stack.enter_context(factory())
+            yield
+
+
+def parallelize(
+    model: nn.Module, job: Job, mesh: DeviceMesh | None, *, fp8_all_gather: bool = False
+) -> Parallelized:
+    """Apply ``job`` to ``model`` (a ``Transformer`` or a pipeline ``StageModule``, built
+    identically on every rank) over ``mesh`` (``parallel.mesh.build_mesh``; None for one
+    process, where only the device-level appliers have work)."""
+    s = job.strategy
+    sharded = s.zero >= 2 and job.gradient_ranks > 1 and s.pp == 1
+    apply_fp8(model, job.dtype, all_gather=fp8_all_gather and sharded)
+    ignored = apply_expert(model, s, mesh) if s.ep > 1 else None
+    low = compute_dtype(job.dtype)
+    module = model
+    if job.gradient_ranks > 1:
+        module = apply_data_parallel(model, s, mesh, param_dtype=low, ignored_params=ignored)
+    out = Parallelized(module)
+    # FSDP2 computes in its param_dtype; anything it does not cast (no FSDP2, or the
+    # experts EP keeps for itself) takes its compute dtype from autocast.
+    if low is not None and (not isinstance(module, FSDPModule) or ignored):
+        device = next(model.parameters()).device.type
+        out.contexts.append(lambda: torch.autocast(device, dtype=low))
+    if s.loss_chunk and isinstance(module, FSDPModule):
+        # the chunked loss calls hidden_states, not forward: FSDP2 must gather around it
+        register_fsdp_forward_method(module, "hidden_states")
+    if s.swap:
+        out.swap = apply_swap(unwrap(module))
+    return out
