@@ -21,14 +21,14 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 from legato.train.config import load_config
 from legato.train.trainer import Trainer
 
-# one step without clipping: the optimizer's first step sees the raw gradients
-GRADIENT_ARGS = ("--train.steps=1", "--optim.warmup_steps=0", "--optim.grad_clip=0")
+# no clipping: the optimizer's first step sees the raw gradients
+GRADIENT_ARGS = ("--optim.warmup_steps=0", "--optim.grad_clip=0")
 
 
-def first_step_gradients(args: list[str]) -> dict[str, torch.Tensor]:
-    """Train with ``args`` here (one process, or one rank of a group) and return the
-    gradient of every parameter this process holds at the first optimizer step, as full
-    tensors keyed by the model's parameter names."""
+def first_step_gradients(args: list[str], steps: int = 1) -> dict[str, torch.Tensor]:
+    """Train ``steps`` steps with ``args`` here (one process, or one rank of a group) and
+    return the gradient of every parameter this process holds at the first optimizer step,
+    as full tensors keyed by the model's parameter names."""
     captured: dict[int, torch.Tensor] = {}
 
     def record(optimizer: torch.optim.Optimizer, *_: object) -> None:
@@ -43,7 +43,7 @@ def first_step_gradients(args: list[str]) -> dict[str, torch.Tensor]:
 
     handle = register_optimizer_step_pre_hook(record)
     try:
-        trainer = Trainer(load_config(None, [*args, *GRADIENT_ARGS]))
+        trainer = Trainer(load_config(None, [*args, *GRADIENT_ARGS, f"--train.steps={steps}"]))
         trainer.fit()
     finally:
         handle.remove()
