@@ -31,7 +31,10 @@ def test_predict_json(capsys):
     assert code == 0
     result = json.loads(out)
     assert set(result) >= FIELDS
-    assert result["devices"] == 64 and result["strategy"] == "dp=8,tp=8,pp=1,sp=1,zero=1,gbs=256"
+    assert (
+        result["devices"] == 64
+        and result["strategy"] == "dp=8,tp=8,pp=1,sp=1,zero=1,mbs=1,gbs=256,dtype=bf16"
+    )
     assert {"compute_s", "bubble_s", "exposed_comm_s", "comm_s", "memory_gib"} <= set(
         result["breakdown"]
     )
@@ -88,7 +91,7 @@ def test_batch_keeps_order_and_reports_bad_lines(capsys, tmp_path):
     assert code == 2 and "3 of the batch lines failed" in err
     assert len(results) == 6  # the blank line is skipped
     assert set(results[0]) >= FIELDS and results[0]["devices"] == 64
-    assert results[1]["strategy"] == "dp=2,tp=2x2,pp=1,sp=1,gbs=4"
+    assert results[1]["strategy"] == "dp=2,tp=2x2,pp=1,sp=1,zero=0,mbs=1,gbs=4,dtype=bf16"
     assert results[2]["error"].startswith("line 3: not a JSON object")
     assert "line 4: unknown model 'llama9'" in results[3]["error"]
     assert "line 5: strategy: pp*dp*cp*tp" in results[4]["error"]
@@ -178,7 +181,10 @@ def test_predict_reports_overlap_and_swap(capsys):
                        "--seq", "4096", "--strategy", strategy, "--json")  # fmt: skip
     assert code == 0
     result = json.loads(out)
-    assert result["strategy"] == "dp=8,tp=1,pp=1," + strategy[5:]
+    assert result["strategy"] == (
+        "dp=8,tp=1,pp=1,ep=8,zero=0,mbs=1,gbs=8,recompute=full,dtype=bf16,moe_overlap=comet,"
+        "moe_chunks=2,swap=1"
+    )
     breakdown = result["breakdown"]
     assert breakdown["moe_overlap"]["schedule"] == "comet"
     assert breakdown["swap"]["host_gib"] > 0 and breakdown["comm_s"]["host"] > 0

@@ -41,6 +41,7 @@ RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MOE_OVERLAPS = ("none", "domino", "comet")
 BOOLEANS = ("sp", "swap")
+ALWAYS_WRITTEN = ("dp", "tp", "pp", "zero", "mbs", "gbs", "dtype")
 # Largest value of each integer key (see legato.specs.limits for why these).
 UPPER_BOUNDS = {
     **dict.fromkeys(("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp"), MAX_DEVICES),
@@ -186,11 +187,13 @@ class Strategy:
                 )
 
     def to_string(self) -> str:
-        """Canonical ``key=value`` form; only fields that differ from the default."""
+        """Canonical ``key=value`` form: the degrees, ZeRO stage, batch sizes and dtype
+        always (a runtime's defaults for those may differ, so a pasted string must say
+        them), every other field only where it differs from the default."""
         parts = []
         for f in fields(self):
             value = getattr(self, f.name)
-            if f.name == "tp_y" or (value == f.default and f.name not in ("dp", "tp", "pp")):
+            if f.name == "tp_y" or (value == f.default and f.name not in ALWAYS_WRITTEN):
                 continue
             if f.name == "tp" and self.tp_y > 1:
                 parts.append(f"tp={self.tp_x}x{self.tp_y}")
