@@ -11,12 +11,13 @@ own tokens under cp as under dp.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import torch
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
-from distributed.trainer_gradients import assert_same_gradients
 from gloo_harness import run_ranks
 from legato.models import build_model
 from legato.parallel.context import (
@@ -26,10 +27,13 @@ from legato.parallel.context import (
     zigzag_positions,
 )
 from legato.parallel.pipeline.runner import IGNORE_INDEX, token_cross_entropy
+from legato.parallel.pipeline.stages import StageModule
+from legato.specs.model import ModelSpec
 from legato.specs.registry import load_model
 from legato.specs.strategy import Strategy, StrategyError
 
 SEQ, ROWS, TOL = 32, 2, 1e-5  # data seq_len 32 < the presets' 256: the check uses the data's
+STAGE = "/stage"
 
 
 def batch(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -40,47 +44,61 @@ def batch(rows: int, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
     return tokens[:, :-1], labels
 
 
-def one_process(preset: str, rows: int) -> tuple[float, dict[str, torch.Tensor]]:
+def spec_of(run: str) -> ModelSpec:
+    """The run's preset with 2 layers (the second of tiny-deepseek is its first MoE one)."""
+    return replace(load_model(run.removesuffix(STAGE)), num_layers=2)
+
+
+def one_process(run: str, rows: int) -> tuple[float, dict[str, torch.Tensor]]:
     """Mean token loss of the batch and every parameter's gradient, unsplit."""
-    model = build_model(load_model(preset), seed=0)
+    model = build_model(spec_of(run), seed=0)
     inputs, labels = batch(rows, model.spec.vocab_size)
     loss = token_cross_entropy(model(inputs), labels) / (labels != IGNORE_INDEX).sum()
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-def cp_rank_step(rank: int, presets: list[str], dp: int, cp: int) -> dict[str, tuple]:
-    """One forward/backward per preset on this rank's rows (dp) and zigzag shard (cp)."""
+def cp_rank_step(rank: int, runs: list[str], dp: int, cp: int) -> dict[str, tuple]:
+    """One forward/backward per run on this rank's rows (dp) and zigzag shard (cp). A run
+    ``PRESET/stage`` lays out the whole model as one pipeline stage and passes the shard's
+    position ids itself (as the pipeline runner does); others leave them to the hook."""
     mesh = init_device_mesh("cpu", (1, dp, cp, 1), mesh_dim_names=("pp", "dp", "cp", "tp"))
     mesh["dp", "cp"]._flatten("dp_cp")
     dp_rank = mesh["dp"].get_local_rank()
     out = {}
-    for preset in presets:
-        model = build_model(load_model(preset), seed=0)
-        context = apply_context_parallel(model, Strategy(dp=dp, cp=cp), mesh)
-        fully_shard(model, mesh=mesh["dp_cp"])  # averages gradients over dp x cp
+    for run in runs:
+        model = build_model(spec_of(run), seed=0)
+        layers = range(model.spec.num_layers)
+        module = StageModule(model, 0, 1, layers) if run.endswith(STAGE) else model
+        context = apply_context_parallel(module, Strategy(dp=dp, cp=cp), mesh)
+        fully_shard(module, mesh=mesh["dp_cp"])  # averages gradients over dp x cp
         inputs, labels = batch(ROWS * dp, model.spec.vocab_size)
         count = (labels != IGNORE_INDEX).sum()  # label tokens of the global batch
         rows = slice(dp_rank * ROWS, (dp_rank + 1) * ROWS)
-        inputs, labels, _ = context.shard(inputs[rows], labels[rows])
+        inputs, labels, positions = context.shard(inputs[rows], labels[rows])
         with context.sharded():
-            token_loss = token_cross_entropy(model(inputs), labels)
+            logits = module(inputs, positions) if module is not model else model(inputs)
+            token_loss = token_cross_entropy(logits, labels)
             (token_loss * (dp * cp) / count).backward()
         torch.distributed.all_reduce(token_loss.detach_())
+        # a stage shares the model's modules: the model's names reach its parameters
         grads = {n: p.grad.full_tensor() for n, p in model.named_parameters()}
-        out[preset] = ((token_loss / count).item(), grads)
+        out[run] = ((token_loss / count).item(), grads)
     return out
 
 
-def assert_matches_one_process(ranks: list[dict], presets: list[str], rows: int) -> None:
-    for preset in presets:
-        want_loss, want = one_process(preset, rows)
+def assert_matches_one_process(ranks: list[dict], runs: list[str], rows: int) -> None:
+    # imported here: it imports the trainer, which the ranks need not load
+    from distributed.trainer_gradients import assert_same_gradients
+
+    for run in runs:
+        want_loss, want = one_process(run, rows)
         for got in ranks:
-            assert got[preset][0] == pytest.approx(want_loss, rel=TOL), preset
-        grads = [without_zero_gradients(got[preset][1]) for got in ranks]
+            assert got[run][0] == pytest.approx(want_loss, rel=TOL), run
+        grads = [without_zero_gradients(got[run][1]) for got in ranks]
         assert_same_gradients(grads, without_zero_gradients(want), TOL)
     with pytest.raises(AssertionError, match="gradient off"):  # the check sees a factor
-        assert_same_gradients([{n: 1.01 * g for n, g in ranks[0][preset][1].items()}], want, TOL)
+        assert_same_gradients([{n: 1.01 * g for n, g in ranks[0][run][1].items()}], want, TOL)
 
 
 def without_zero_gradients(grads: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -118,9 +136,9 @@ def test_check_names_strategy_cp_and_the_allowed_values():
 
 def test_cp2_gives_the_one_process_loss_and_gradients():
     # RoPE + GQA, learned positions + tied embeddings, MoE, MLA (V head size != QK's)
-    presets = ["tiny", "tiny-gpt", "tiny-moe", "tiny-deepseek"]
-    ranks = run_ranks(cp_rank_step, presets, 1, 2)
-    assert_matches_one_process(ranks, presets, ROWS)
+    runs = ["tiny", "tiny-gpt", "tiny-moe", "tiny-deepseek", "tiny-gpt" + STAGE]
+    ranks = run_ranks(cp_rank_step, runs, 1, 2)
+    assert_matches_one_process(ranks, runs, ROWS)
 
 
 def test_cp2_with_dp2_gives_the_one_process_loss_and_gradients():
