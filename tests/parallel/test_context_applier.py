@@ -144,3 +144,9 @@ def test_cp2_gives_the_one_process_loss_and_gradients():
 def test_cp2_with_dp2_gives_the_one_process_loss_and_gradients():
     ranks = run_ranks(cp_rank_step, ["tiny"], 2, 2, world_size=4)
     assert_matches_one_process(ranks, ["tiny"], 2 * ROWS)
+
+
+def test_cp_refuses_sequence_slices():
+    model = build_model(spec_of("tiny"), device="meta")
+    with pytest.raises(StrategyError, match=r"strategy\.cp: cp=2 runs with slices=1 only"):
+        apply_context_parallel(model, Strategy(cp=2, slices=2), mesh=None)  # checked first

@@ -36,6 +36,8 @@ Usage (the trainer, per micro-batch, after counting the global batch's label tok
         loss = token_loss_sum(model, inputs, labels, ...) * scale
         loss.backward()
 
+``cp.sharded`` is a context factory of ``Parallelized.contexts``. Count the label tokens
+before sharding (every cp rank holds the same full rows) or sum the count over dp x cp.
 Within ``cp.sharded()`` a model without explicit ``position_ids`` gets the zigzag
 positions (RoPE and learned positions see true positions); a caller that passes its own
 (the pipeline runner) must pass ``position_ids`` from ``shard`` / ``position_ids``. The
@@ -159,6 +161,10 @@ def apply_context_parallel(
     untouched. Returns None when ``strategy.cp == 1``."""
     if strategy.cp == 1:
         return None
+    if strategy.slices > 1:  # the slices' own attention override would replace ours
+        raise StrategyError(
+            f"strategy.cp: cp={strategy.cp} runs with slices=1 only, got slices={strategy.slices}"
+        )
     cp_mesh = mesh["cp"]
     if cp_mesh.size() != strategy.cp:
         raise StrategyError(
