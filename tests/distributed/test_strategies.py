@@ -40,12 +40,8 @@ ROWS = {
     "tp=2": ("dense", 2, "tp=2"),
     "tp=2,sp": ("dense", 2, "tp=2,sp=1"),
     "cp=2": ("dense", 2, "cp=2"),
-    "pp=2 uneven": ("dense", 2, "pp=2,schedule=1f1b"),
     "moe ep=2": ("moe", 2, "ep=2"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
-    "pp=2 x dp=2 fsdp": ("dense", 4, "pp=2,dp=2,zero=3"),
-    "pp=2 x ep=2": ("moe", 4, "pp=2,dp=2,ep=2"),
-    "tp=2 x pp=2": ("dense", 4, "tp=2,pp=2,dp=1"),
 }
 
 
@@ -83,6 +79,8 @@ def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
         one[model] = (grads, *_log(run))
     out = {}
     for world in (2, 4):
+        if not any(size == world for _, size, _ in ROWS.values()):
+            continue
         rows = {
             name: _args(small_train_args, root / name, model, f"--parallel.strategy={text}")
             for name, (model, size, text) in ROWS.items()

@@ -4,6 +4,7 @@ one-line errors (from the config and from the command line)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from legato.specs.strategy import StrategyError
 from legato.train.config import load_config, resolve_model
 
 SPEC = ModelSpec(
-    name="t", hidden_size=32, num_layers=4, num_heads=2, num_kv_heads=1, vocab_size=64, seq_len=32
+    name="t", hidden_size=32, num_layers=4, num_heads=2, num_kv_heads=2, vocab_size=64, seq_len=32
 )
 
 
@@ -109,6 +110,9 @@ RESOLVE_ERRORS = [
     ("pp=2,schedule=zb-v,vpp=4", 2, ConfigError, "zb-v has exactly 2 chunks per rank"),
     ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
     ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
+    ("pp=2,dp=2,zero=3", 4, StrategyError, "zero=3 with pp > 1 is not executed yet"),
+    ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap yet"),
+    ("tp=2x2", 4, StrategyError, "not executed for 2-D tensor parallelism"),
 ]
 
 
@@ -118,6 +122,19 @@ def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> N
         _resolve(text, world, "--train.global_batch_size=8", "--train.micro_batch_size=2")
     assert message in str(info.value) and "\n" not in str(info.value)
     assert str(info.value).startswith(f"parallel.strategy = {text!r}") or kind is ConfigError
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"tied_embeddings": True}, "not executed for tied_embeddings yet; use tp=1"),
+        ({"position": "learned"}, "not executed for position = 'learned' with sp"),
+    ],
+)
+def test_tensor_parallel_refuses_what_it_does_not_split(change: dict, message: str) -> None:
+    config = load_config(None, ["--parallel.strategy=tp=2,sp=1"])
+    with pytest.raises(StrategyError, match=message):
+        config.job(replace(SPEC, **change), 2)
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ from contextvars import ContextVar
 
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from legato.models.norms import build_norm
 from legato.models.rope import apply_rope
@@ -39,8 +40,16 @@ def attention_override(fn: AttendFn) -> Iterator[None]:
         _OVERRIDE.reset(token)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None) -> Tensor:
-    """SDPA over q [B, H, S, D] and k/v [B, Hkv, S, D]; K/V heads are shared by groups."""
+def attend(
+    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, *, recompute: bool = False
+) -> Tensor:
+    """SDPA over q [B, H, S, D] and k/v [B, Hkv, S, D]; K/V heads are shared by groups.
+
+    ``recompute``: keep only q, k, v for the backward and run the core again there
+    (selective recompute, ``parallel.recompute``); the override in force then is used.
+    """
+    if recompute:
+        return checkpoint(attend, q, k, v, attn_mask, use_reentrant=False)
     override = _OVERRIDE.get()
     if override is not None:
         return override(q, k, v, attn_mask)
@@ -62,6 +71,7 @@ class Attention(nn.Module):
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
+        self.recompute_core = False  # set by parallel.recompute (selective)
         h, d = spec.hidden_size, spec.head_dim
         self.q_proj = nn.Linear(h, spec.num_heads * d, bias=spec.bias)
         self.k_proj = nn.Linear(h, spec.num_kv_heads * d, bias=spec.bias)
@@ -83,5 +93,5 @@ class Attention(nn.Module):
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         if rope is not None:
             q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = attend(q, k, v, attn_mask)
+        out = attend(q, k, v, attn_mask, recompute=self.recompute_core)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))

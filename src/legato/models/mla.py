@@ -26,6 +26,7 @@ class MLAttention(nn.Module):
         assert mla is not None
         h, heads, bias = spec.hidden_size, spec.num_heads, spec.bias
         self.num_heads = heads
+        self.recompute_core = False  # set by parallel.recompute (selective)
         self.nope_dim = mla.qk_nope_head_dim
         self.rope_dim = mla.qk_rope_head_dim
         self.v_dim = mla.v_head_dim
@@ -73,5 +74,6 @@ class MLAttention(nn.Module):
         k = torch.cat((k_nope, k_rot), dim=-1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        out = attend(self._rotate_tail(q, rope), self._rotate_tail(k, rope), v, attn_mask)
+        q, k = self._rotate_tail(q, rope), self._rotate_tail(k, rope)
+        out = attend(q, k, v, attn_mask, recompute=self.recompute_core)
         return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))

@@ -61,23 +61,13 @@ from torch.nn.attention.bias import causal_lower_right
 from legato.errors import ConfigError
 from legato.models.attention import attention_override, grouped_sdpa
 from legato.models.transformer import Transformer
+from legato.parallel.job import check_context_parallel
 from legato.parallel.pipeline.stages import StageModule
 from legato.specs.strategy import Strategy, StrategyError
 
 SEQ_DIM = 2  # of q/k/v [B, H, S, D]
 
 _ACTIVE: ContextVar[ContextParallel | None] = ContextVar("legato_context_parallel", default=None)
-
-
-def check_context_parallel(cp: int, seq_len: int, field: str = "data.seq_len") -> None:
-    """Raise StrategyError unless ``2 * cp`` divides the sequence length the model sees
-    (``field`` names where that length comes from)."""
-    if cp > 1 and seq_len % (2 * cp):
-        allowed = ", ".join(str(d) for d in range(1, seq_len // 2 + 1) if seq_len % (2 * d) == 0)
-        raise StrategyError(
-            f"strategy.cp: cp={cp} needs {field} ({seq_len}) to be a multiple of 2*cp = "
-            f"{2 * cp} (each sequence is cut into 2*cp equal chunks); allowed: cp = {allowed}"
-        )
 
 
 def zigzag_chunks(cp_rank: int, cp: int) -> tuple[int, int]:

@@ -51,13 +51,18 @@ class DataParallelStep:
         global batch's mean loss, the same on every rank."""
         job, model = self.job, self.module
         inputs, labels = inputs.to(self.device), labels.to(self.device)
-        count = _sum((labels != IGNORE_INDEX).sum(), self.dp_group)
+        count = _sum((labels != IGNORE_INDEX).sum(), self.dp_group)  # cp ranks: same rows
+        if self.laid_out.context is not None:  # this rank's zigzag share of each sequence
+            inputs, labels, _ = self.laid_out.context.shard(inputs, labels)
         scale = job.gradient_ranks / max(int(count.item()), 1)
         loss_sum = torch.zeros((), device=self.device)
         micro, steps = job.strategy.mbs, job.microbatches
         for i in range(steps):
             rows = slice(i * micro, (i + 1) * micro)
-            with gradient_sync(model, i == steps - 1), self.laid_out.step_context():
+            with (
+                gradient_sync(model, i == steps - 1, job.strategy.zero),
+                self.laid_out.step_context(),
+            ):
                 token_loss = token_loss_sum(
                     model, inputs[rows], labels[rows], job.strategy.loss_chunk
                 )

@@ -12,7 +12,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from legato.parallel.mesh import GRADIENT_DIM, submesh
-from legato.specs.strategy import Strategy, StrategyError
+from legato.specs.strategy import Strategy
 
 
 def apply_data_parallel(
@@ -24,7 +24,16 @@ def apply_data_parallel(
     ignored_params: set[nn.Parameter] | None = None,
 ) -> nn.Module:
     """``model`` data-parallel over ``mesh["dp_cp"]`` by ``strategy.zero``: FSDP2 per
-    block then the root (3: resharded after forward, 2: kept gathered), or DDP (0).
+    block then the root (3: resharded after forward, 2: kept gathered until the end of
+    the backward, 1: kept gathered for the whole step), or DDP (0).
+
+    ZeRO-1 is FSDP2 whose parameters stay gathered from the step's first forward to its
+    last backward (``gradient_sync``), not DDP with torch's ``ZeroRedundancyOptimizer``:
+    each rank holds whole parameters and whole gradients while they accumulate and the
+    optimizer state of its shard only, with one all-gather and one reduce-scatter per step
+    whatever the micro-batch count (Megatron's distributed optimizer); and the optimizer
+    state stays a sharded DTensor that the distributed checkpoint saves and reshards like
+    ZeRO-2/3's, which ``ZeroRedundancyOptimizer``'s rank-local state is not.
 
     ``param_dtype`` (e.g. bf16) is FSDP2's mixed precision: parameters are gathered and
     computed in it while the sharded master copy and gradient reduction stay fp32.
@@ -35,8 +44,6 @@ def apply_data_parallel(
         device = group.device_type
         ids = [torch.cuda.current_device()] if device == "cuda" else None
         return DistributedDataParallel(model, device_ids=ids, process_group=group.get_group())
-    if strategy.zero == 1:
-        raise StrategyError("strategy.zero: zero=1 is not executed yet; use 0, 2 or 3")
     policy = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=torch.float32)
     options = {
         "mesh": group,
@@ -59,14 +66,17 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 @contextlib.contextmanager
-def gradient_sync(model: nn.Module, enabled: bool) -> Iterator[None]:
+def gradient_sync(model: nn.Module, enabled: bool, zero: int = 3) -> Iterator[None]:
     """Wrap one micro-step's forward and backward; without sync, gradients only accumulate.
 
     Reducing on the last micro-step only is what makes accumulation cheap: FSDP2 skips
     the reduce-scatter (``set_requires_gradient_sync``), DDP the all-reduce (``no_sync``).
+    Under ZeRO-1 the parameters are also kept gathered until that last micro-step.
     """
     if isinstance(model, FSDPModule):
         model.set_requires_gradient_sync(enabled)
+        if zero == 1:
+            model.set_reshard_after_backward(enabled)
         yield
     elif isinstance(model, DistributedDataParallel) and not enabled:
         with model.no_sync():

@@ -7,12 +7,16 @@ keeps a second copy of its fields. Pure Python (no torch), so the command line r
 strategy the runtime cannot place before it launches a process.
 
 What ``legato train`` executes (``legato.parallel.parallelize``): ``dp`` with ``zero``
-0 (DDP), 1 (sharded optimizer states), 2 (FSDP2, parameters kept gathered between forward
-and backward) or 3 (FSDP2, resharded after forward); ``tp`` (Megatron column/row through
-``parallelize_module``, vocabulary-parallel embedding, LM head and loss) with ``sp``;
+0 (DDP), 1 (optimizer states and gradients sharded, parameters gathered for the whole
+step), 2 (FSDP2, parameters kept gathered between forward and backward) or 3 (FSDP2,
+resharded after forward); ``tp`` (Megatron column/row through ``parallelize_module``,
+vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
-``dp x cp`` ranks); ``recompute``; ``pp`` with every schedule of ``legato.schedule``;
-``swap`` and ``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. The keys ``mbs``, ``gbs`` and
+``dp x cp`` ranks); ``recompute`` (selective or full); ``pp`` with every schedule of
+``legato.schedule``, stages replicated by DDP; ``swap`` and ``loss_chunk``; ``dtype``,
+``mbs``, ``gbs``. What is refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA
+/ tied-embedding models, and pp combined with tp, cp, ep, FSDP2 or swap
+(``_check_runtime``). The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -51,9 +55,6 @@ PIPELINE_ONLY = ("vpp", "schedule", "slices", "memory_cap")
 # Keys the planner prices that the runtime refuses (with the reason), until it runs them.
 NOT_EXECUTED: dict[str, str] = {
     "etp": "expert tensor parallelism is not executed yet; use etp=1",
-    "tp": "not executed yet",
-    "cp": "not executed yet",
-    "recompute": "not executed yet",
 }
 
 
@@ -200,11 +201,11 @@ def resolve_job(
 def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> None:
     """What the runtime adds to ``Strategy.check``: the sequence the data really has, and
     the combinations whose pieces cannot hold each other."""
-    if s.cp > 1 and seq_len % (2 * s.cp):
-        raise StrategyError(
-            f"{where}: cp={s.cp} cuts each sequence into 2*cp = {2 * s.cp} chunks (causal "
-            f"load balancing); data.seq_len {seq_len} is not a multiple of it"
-        )
+    try:
+        check_context_parallel(s.cp, seq_len)
+        check_tensor_parallel(spec, s)
+    except StrategyError as exc:
+        raise StrategyError(f"{where}: {exc}") from None
     if s.slices > 1 and seq_len % s.slices:
         raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
     if s.pp > 1 and (s.tp > 1 or s.cp > 1):
@@ -217,6 +218,11 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
             f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 are not executed yet"
         )
     data_parallel = s.dp * s.cp > 1
+    if s.pp > 1 and data_parallel and s.zero:
+        raise StrategyError(
+            f"{where}: zero={s.zero} with pp > 1 is not executed yet (a pipeline's replicas "
+            f"sum their gradients in one all-reduce); use zero=0"
+        )
     if s.ep > 1 and s.ep != s.dp * s.cp:
         raise StrategyError(
             f"{where}: ep={s.ep} must equal dp*cp = {s.dp * s.cp} (experts sharded over "
@@ -236,6 +242,39 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         raise StrategyError(
             f"{where}: tp > 1 with dp*cp > 1 needs zero=2 or 3 (FSDP2 over the tensor-"
             f"parallel DTensors), got zero={s.zero}"
+        )
+
+
+def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
+    """StrategyError naming what of ``spec`` the tensor-parallel applier cannot split."""
+    if strategy.tp == 1:
+        return
+    refused = {
+        "a MoE model (the experts would need etp)": spec.is_moe,
+        "MLA attention": spec.mla is not None,
+        "tied_embeddings": spec.tied_embeddings,
+        "position = 'learned' with sp": spec.position == "learned" and strategy.sp,
+        "2-D tensor parallelism (tp_y > 1)": strategy.tp_y > 1,
+        "dtype=fp8": strategy.dtype == "fp8",
+        "swap": strategy.swap,
+        "loss_chunk > 0": strategy.loss_chunk > 0,
+    }
+    why = [name for name, hit in refused.items() if hit]
+    if why:
+        raise StrategyError(
+            f"strategy.tp: tp={strategy.tp} is not executed for {', '.join(why)} yet; "
+            f"use tp=1 (dp, cp, pp and zero run every model)"
+        )
+
+
+def check_context_parallel(cp: int, seq_len: int, field: str = "data.seq_len") -> None:
+    """Raise StrategyError unless ``2 * cp`` divides the sequence length the model sees
+    (``field`` names where that length comes from)."""
+    if cp > 1 and seq_len % (2 * cp):
+        allowed = ", ".join(str(d) for d in range(1, seq_len // 2 + 1) if seq_len % (2 * d) == 0)
+        raise StrategyError(
+            f"strategy.cp: cp={cp} needs {field} ({seq_len}) to be a multiple of 2*cp = "
+            f"{2 * cp} (each sequence is cut into 2*cp equal chunks); allowed: cp = {allowed}"
         )
 
 

@@ -27,13 +27,17 @@ import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+from torch.distributed.tensor.parallel import loss_parallel
 
 from legato.memory import ActivationSwap
+from legato.parallel.context import ContextParallel, apply_context_parallel
 from legato.parallel.expert import apply_expert
 from legato.parallel.fp8 import apply_fp8, compute_dtype
 from legato.parallel.fsdp import apply_data_parallel, unwrap
 from legato.parallel.job import Job
+from legato.parallel.recompute import apply_recompute
 from legato.parallel.swap import apply_swap
+from legato.parallel.tensor import apply_tensor
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
 
@@ -44,11 +48,13 @@ class Parallelized:
 
     ``contexts``: entered, in order, around each micro-batch's forward and backward
     (autocast where no applier casts the parameters, the vocabulary-parallel loss, ...).
+    ``context``: the sequence split a step applies to each micro-batch (cp > 1).
     ``swap`` is held so its hooks live as long as the module.
     """
 
     module: nn.Module
     contexts: list[ContextFactory] = field(default_factory=list)
+    context: ContextParallel | None = None
     swap: ActivationSwap | None = None
 
     @contextlib.contextmanager
@@ -68,12 +74,20 @@ def parallelize(
     s = job.strategy
     sharded = s.zero >= 2 and job.gradient_ranks > 1 and s.pp == 1
     apply_fp8(model, job.dtype, all_gather=fp8_all_gather and sharded)
+    if s.tp > 1:
+        apply_tensor(model, s, mesh)
+    context = apply_context_parallel(model, s, mesh) if s.cp > 1 else None
     ignored = apply_expert(model, s, mesh) if s.ep > 1 else None
+    apply_recompute(model, s)
     low = compute_dtype(job.dtype)
     module = model
     if job.gradient_ranks > 1:
         module = apply_data_parallel(model, s, mesh, param_dtype=low, ignored_params=ignored)
-    out = Parallelized(module)
+    out = Parallelized(module, context=context)
+    if s.tp > 1:  # the logits stay split on the vocabulary
+        out.contexts.append(loss_parallel)
+    if context is not None:
+        out.contexts.append(context.sharded)
     # FSDP2 computes in its param_dtype; anything it does not cast (no FSDP2, or the
     # experts EP keeps for itself) takes its compute dtype from autocast.
     if low is not None and (not isinstance(module, FSDPModule) or ignored):

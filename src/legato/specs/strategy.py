@@ -146,7 +146,6 @@ class Strategy:
         heads_split, name = (self.tp_y, "tp_y") if self.tp_y > 1 else (self.tp, "tp")
         _divides(heads_split, model.num_heads, name, "num_heads")
         _divides(heads_split, model.num_kv_heads, name, "num_kv_heads")
-        _divides(self.tp, model.vocab_size, "tp", "vocab_size")
         _divides(self.pp * self.vpp, model.num_layers, "pp*vpp", "num_layers")
         if self.gbs % (self.mbs * self.dp):
             raise StrategyError(

@@ -8,15 +8,19 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LRScheduler
 
 from legato.train.config import OptimSection
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """Two groups: matrices of linear layers decay; norms, biases and embeddings do not.
+    """Matrices of linear layers decay; norms, biases and embeddings do not.
 
-    Works on a sharded model too: a DTensor parameter reports its global ``ndim``.
+    Works on a sharded model too: a DTensor parameter reports its global ``ndim``. Each
+    of the two groups is split once more by layout (plain tensors, DTensors of each
+    mesh) where a model mixes them (tensor parallelism without sp keeps plain norms):
+    AdamW's ``foreach`` kernels take one kind per group. Groups carry ``decay``.
     """
     embeddings = {
         id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()
@@ -31,9 +35,18 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
         else:
             no_decay.append(param)
     return [
-        {"params": decay, "weight_decay": weight_decay},
-        {"params": no_decay, "weight_decay": 0.0},
+        {"params": part, "weight_decay": weight_decay if decays else 0.0, "decay": decays}
+        for params, decays in ((decay, True), (no_decay, False))
+        for part in _by_layout(params)
     ]
+
+
+def _by_layout(params: list[nn.Parameter]) -> list[list[nn.Parameter]]:
+    """``params`` split by mesh (None for plain tensors), in first-seen order."""
+    parts: dict[object, list[nn.Parameter]] = {}
+    for p in params:
+        parts.setdefault(p.device_mesh if isinstance(p, DTensor) else None, []).append(p)
+    return list(parts.values()) or [[]]
 
 
 def build_optimizer(model: nn.Module, cfg: OptimSection) -> torch.optim.AdamW:
@@ -160,7 +173,6 @@ def build_lr_schedule(
 def apply_hyperparameters(optimizer: torch.optim.Optimizer, cfg: OptimSection) -> None:
     """Set AdamW's betas, eps and weight decay from ``cfg`` (the groups of
     ``param_groups``): a resumed optimizer state carries the checkpoint's values."""
-    decay, no_decay = optimizer.param_groups
-    for group in (decay, no_decay):
+    for group in optimizer.param_groups:
         group["betas"], group["eps"] = (cfg.beta1, cfg.beta2), cfg.eps
-    decay["weight_decay"] = cfg.weight_decay
+        group["weight_decay"] = cfg.weight_decay if group["decay"] else 0.0

@@ -1,0 +1,60 @@
+"""The tensor-parallel applier: a whole model split over ``mesh["tp"]`` (``tp``, ``sp``).
+
+Every block gets the plan ``tensor_parallel.tensor_parallel_plan`` derives from the
+planner's own layout of it (Megatron's column-parallel q/k/v and gate/up, row-parallel
+o and down; with ``sp`` the norms and residual stream split on the sequence), so the
+trainer runs the collectives the cost model counted. Around the blocks:
+
+* the embedding is vocabulary-parallel (each rank holds ``V / tp`` rows; the lookup of
+  ids another rank holds is masked and the partial outputs all-reduced, or
+  reduce-scattered onto the sequence split with ``sp``);
+* the final norm is sequence-parallel with ``sp``;
+* the LM head is column-parallel and leaves the logits split on the vocabulary: the loss
+  runs under torch's ``loss_parallel`` (the softmax's max and sum reduced over tp), so
+  the ``[tokens x V]`` logits are never gathered on one rank.
+
+Ranks of one tp group read the same rows (``dp_rank`` ignores tp) and count their label
+tokens once. What is refused (``check_tensor_parallel``, before any process starts) is
+what this applier does not lay out: MoE blocks (the experts would need ``etp``), MLA's
+low-rank projections, tied embeddings, learned positions with ``sp``.
+"""
+
+from __future__ import annotations
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
+    RowwiseParallel,
+    SequenceParallel,
+    parallelize_module,
+)
+
+from legato.parallel.mesh import submesh
+from legato.parallel.tensor_parallel import apply_tensor_parallel
+from legato.plan.sbp_layout import part_layout
+from legato.specs.strategy import Strategy
+
+
+def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None:
+    """Split ``model`` (a ``Transformer``, identical on every rank) in place over the tp
+    dimension of ``mesh``; the loss must then run under ``loss_parallel()``."""
+    tp_mesh = submesh(mesh, "tp")
+    # the block layout depends on tp and sp only; batch and dtype do not change a placement
+    alone = Strategy(tp=strategy.tp, sp=strategy.sp, mbs=1, gbs=1, dtype="fp32")
+    layout = part_layout(model.spec, alone, "dense")
+    for block in model.blocks:
+        apply_tensor_parallel(block, tp_mesh, layout)
+    stream = Shard(1) if strategy.sp else Replicate()  # the residual stream between blocks
+    plan = {
+        "model.embed_tokens": RowwiseParallel(
+            input_layouts=Replicate(), output_layouts=stream, use_local_output=not strategy.sp
+        ),
+        "lm_head": ColwiseParallel(
+            input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
+        ),
+    }
+    if strategy.sp:
+        plan["model.norm"] = SequenceParallel()
+    parallelize_module(model, tp_mesh, plan)
