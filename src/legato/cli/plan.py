@@ -114,6 +114,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         default="bf16",
         help="training precision of every plan (fp8: tile-wise FP8 block linears; default bf16)",
     )
+    plan.add_argument(
+        "--config",
+        metavar="OUT.toml",
+        help="also write a `legato train` config that runs the fastest plan the trainer "
+        "executes (model, batch, dtype, parallel.strategy, nproc; parallel.cluster when "
+        "--cluster is a file)",
+    )
     plan.set_defaults(func=_run_plan)
 
 
@@ -219,7 +226,56 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
         print(json.dumps(report.to_dict()))
     else:
         _print_plan(report)
+    if args.config:
+        _write_train_config(args, model, cluster, report)
     return 0
+
+
+def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
+                        report) -> None:  # fmt: skip
+    """``--config``: the first ranked plan that ``legato train`` can place, as a config."""
+    from legato.atomic import write_text_atomic
+    from legato.parallel.job import TRAINED_DTYPE, resolve_job
+    from legato.train.config import (
+        DataSection,
+        ModelSection,
+        ParallelSection,
+        TrainConfig,
+        TrainSection,
+        render_toml,
+    )  # fmt: skip
+
+    if args.dtype not in TRAINED_DTYPE:
+        raise LegatoError(f"--config: --dtype {args.dtype} is priced but not trained; "
+                          f"use one of {', '.join(TRAINED_DTYPE)}")  # fmt: skip
+    refused = []
+    for rank, scored in enumerate(report.result.ranked, 1):
+        text = scored.strategy.to_string()
+        try:
+            resolve_job(text, model, cluster.world_size, mbs=scored.strategy.mbs,
+                        gbs=args.gbs, dtype=args.dtype, seq_len=model.seq_len)  # fmt: skip
+        except LegatoError as exc:
+            refused.append(f"#{rank}: {exc}")
+            continue
+        config = TrainConfig(
+            model=ModelSection(preset=args.model),
+            data=DataSection(seq_len=model.seq_len),
+            train=TrainSection(global_batch_size=args.gbs, micro_batch_size=scored.strategy.mbs),
+            # a cluster file (calibrated) prices the run; a preset leaves it to the host
+            parallel=ParallelSection(
+                nproc=cluster.devices_per_node,
+                strategy=text,
+                cluster=args.cluster if os.path.isfile(args.cluster) else "",
+            ),
+        )
+        header = (f"legato train config for plan #{rank} of `legato plan --model {args.model} "
+                  f"--cluster {args.cluster} --gbs {args.gbs}`: {text}")  # fmt: skip
+        write_text_atomic(args.config, render_toml(config, header))
+        skipped = f" (skipped {'; '.join(refused)})" if refused else ""
+        print(f"wrote {args.config}: plan #{rank}, {text}{skipped}", file=sys.stderr)
+        return
+    raise LegatoError(f"--config: none of the {len(refused)} plans shown runs in `legato "
+                      f"train` yet: {'; '.join(refused)} (raise --top to see more)")  # fmt: skip
 
 
 def _scorer(calibration: Calibration) -> Scorer | None:

@@ -14,6 +14,7 @@ import os
 import sys
 
 from legato.errors import ConfigError
+from legato.parallel.job import AUTO
 from legato.train.config import (
     TrainConfig,
     load_config,
@@ -74,8 +75,17 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
 
     nproc = config.parallel.nproc
     spec = resolve_model(config.model)  # fail on a bad model or layout before any process
-    config.job(spec, nproc)  # a strategy the runtime cannot place fails before any process
     device = resolve_device(config.train.device)
+    if not config.parallel.cluster and device.type == "cpu":  # calibrations start processes
+        from legato.train.prediction import ensure_host_calibration
+
+        ensure_host_calibration(nproc)
+    if config.parallel.strategy == AUTO:  # chosen once, here; the workers get the string
+        from legato.train.auto_strategy import resolve_auto
+
+        config = resolve_auto(config, spec, nproc, device.type)
+        extra = [*extra, f"--parallel.strategy={config.parallel.strategy}"]
+    config.job(spec, nproc)  # a strategy the runtime cannot place fails before any process
     if device.type == "cuda":
         import torch
 

@@ -202,6 +202,12 @@ class ParallelSection:
         "dtype set train.micro_batch_size, train.global_batch_size and train.dtype; '' = "
         "FSDP2 over all processes; 'auto' = the planner's pick for this job",
     )
+    cluster: str = _doc(
+        "",
+        "the machine the cost model prices the run on (each step logs its prediction): a "
+        "cluster preset or file (`legato calibrate`); '' = this host (CPU: calibrated once "
+        "and cached; GPU: its node preset); 'none' = no prediction",
+    )
 
     def __post_init__(self) -> None:
         _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
@@ -257,6 +263,12 @@ class TrainConfig:
             "0 unless data.holdout > 0 (the split it evaluates on)",
             self.train.eval_every,
         )
+
+    def with_strategy(self, text: str) -> TrainConfig:
+        """A copy running ``parallel.strategy = text`` (its mbs, gbs, dtype set the train
+        fields, as when pasted)."""
+        parallel = dataclasses.replace(self.parallel, strategy=text)
+        return dataclasses.replace(self, parallel=parallel, train=copy.copy(self.train))
 
     def job(self, spec: ModelSpec, world: int) -> Job:
         """``parallel.strategy`` resolved for ``spec`` on ``world`` processes (one-line

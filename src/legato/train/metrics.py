@@ -31,6 +31,7 @@ class StepMetrics:
     tokens_per_s: float
     mfu: float | None
     peak_memory_bytes: int
+    predicted_step_time_s: float | None = None  # the cost model's, for this job
 
 
 @dataclass

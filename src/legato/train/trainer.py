@@ -26,18 +26,21 @@ import torch.distributed as dist
 from legato.atomic import write_text_atomic
 from legato.calibrate.device_peak import peak_flops
 from legato.cost.flops import training_flops_per_token
+from legato.cost.prediction import Prediction
 from legato.data import PackedDataset, Tokenizer
-from legato.errors import CheckpointError, ConfigError, DataError
+from legato.errors import CheckpointError, ConfigError, DataError, LegatoError
 from legato.models import build_model
 from legato.moe import end_step
 from legato.parallel.data_parallel_step import DataParallelStep
 from legato.parallel.fp8 import apply_fp8, compute_dtype
+from legato.parallel.job import AUTO, Job
 from legato.parallel.mesh import GRADIENT_DIM, build_mesh, submesh
 from legato.parallel.parallelize import parallelize
 from legato.parallel.process_group import DistContext, process_group
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train import resume
+from legato.train.auto_strategy import resolve_auto
 from legato.train.config import TrainConfig, make_run_dir, resolve_model
 from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
@@ -54,6 +57,7 @@ from legato.train.metrics import (
 )
 from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
 from legato.train.pipeline_step import PipelineStep
+from legato.train.prediction import NO_CLUSTER, Machine, compare, predict_job, resolve_machine
 from legato.train.progress import Progress
 from legato.train.run_data import (
     check_vocab,
@@ -107,9 +111,14 @@ class Trainer:
     # ------------------------------------------------------------------ set-up
 
     def _fit(self, ctx: DistContext) -> TrainResult:
-        cfg = self.config
         self.ctx = ctx
+        if self.config.parallel.strategy == AUTO:  # under torchrun: every rank runs rank 0's pick
+            chosen = resolve_auto(self.config, self.spec, ctx.world_size, ctx.device.type,
+                                  say=print if ctx.is_main else lambda _: None)  # fmt: skip
+            self.config = chosen.with_strategy(ctx.broadcast_object(chosen.parallel.strategy))
+        cfg = self.config
         self.job = cfg.job(self.spec, ctx.world_size)
+        self.job, why_not = self._predict(self.job, ctx)
         self.strategy = self.job.strategy
         ctx.mesh = build_mesh(self.job, ctx.device.type)
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
@@ -124,6 +133,7 @@ class Trainer:
             resume.record_invocation(run_dir, ran, start, resumed_from, changes)
         self.progress = Progress(cfg.train.steps, start, cfg.train.log_every, ctx.is_main)
         self.progress.message(self._describe(run_dir, tokenizer_name))
+        self.progress.message(why_not or _prediction_line(self.job.prediction, self.machine))
         if resumed:
             self.progress.message(resumed)
         log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
@@ -137,6 +147,25 @@ class Trainer:
         if ctx.is_main:
             result.summary = self._finish(run_dir, result)
         return result
+
+    def _predict(self, job: Job, ctx: DistContext) -> tuple[Job, str]:
+        """``job`` with the cost model's prediction on ``parallel.cluster``, or unchanged
+        with the one line that says why there is none."""
+        cluster = self.config.parallel.cluster
+        self.machine = None
+        if cluster == NO_CLUSTER:
+            return job, ""
+        try:
+            self.machine = resolve_machine(cluster, ctx.world_size, ctx.device.type)
+            if self.machine is None:
+                return job, (
+                    f"no prediction: this host is not calibrated for {ctx.world_size} "
+                    "process(es) (`legato train` does it once; or set parallel.cluster)"
+                )
+            priced = self.spec.with_(seq_len=self.seq_len)
+            return dataclasses.replace(job, prediction=predict_job(priced, job, self.machine)), ""
+        except LegatoError as exc:
+            return job, f"no prediction on parallel.cluster = {cluster!r}: {exc}"
 
     def _load_data(self) -> tuple[PackedDataset, PackedDataset | None, Tokenizer]:
         """Training windows, the held-out evaluation set (None without data.holdout) and
@@ -238,6 +267,7 @@ class Trainer:
         result = TrainResult(run_dir)
         tokens = cfg.train.global_batch_size * self.seq_len
         saved = None
+        predicted = self.job.prediction.step_time_s if self.job.prediction else None
         for step in range(start + 1, total + 1):
             began = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
@@ -264,6 +294,7 @@ class Trainer:
                 if self.peak
                 else None,
                 peak_memory_bytes=peak_memory_bytes(ctx.device),
+                predicted_step_time_s=predicted,
             )
             result.steps.append(step)
             result.losses.append(loss)
@@ -347,6 +378,9 @@ class Trainer:
         signal the same files and one line instead of the summary."""
         records = read_metrics(run_dir / "metrics.jsonl")
         summary = summarize(records)
+        if summary:
+            median, peak = summary["step_time_s_median"], summary["peak_memory_bytes"]
+            summary.update(compare(self.job.prediction, median, peak))
         summary["interrupted"] = result.interrupted
         if records:
             curve = plot_loss_curve(records, run_dir / "loss_curve.png", f"{self.spec.name} loss")
@@ -387,6 +421,25 @@ def _summary_text(summary: dict[str, Any]) -> str:
         f"  metrics {summary['metrics']}",
         f"  loss curve {summary['loss_curve']}",
     ]
+    if "predicted_step_time_s" in summary:
+        memory = summary["predicted_over_measured_memory"]
+        lines.insert(
+            2,
+            f"  step time: measured {summary['step_time_s_median']:.4f} s (median), predicted "
+            f"{summary['predicted_step_time_s']:.4f} s (x{summary['predicted_over_measured_step']:.2f}); "
+            f"peak memory predicted {format_bytes(summary['predicted_peak_memory_bytes'])}"
+            + (f" (x{memory:.2f} of measured)" if memory else ""),
+        )
     if "checkpoint" in summary:
         lines.append(f"  checkpoint {summary['checkpoint']}")
     return "\n".join(lines)
+
+
+def _prediction_line(prediction: Prediction | None, machine: Machine | None) -> str:
+    if prediction is None or machine is None:
+        return ""
+    return (
+        f"predicted by the cost model on {machine.source}: {prediction.step_time_s:.4f} s "
+        f"per step, peak memory {format_bytes(prediction.memory_gib * 2**30)}"
+        + ("" if prediction.fits else f" (does not fit: {prediction.why_not_fits})")
+    )
