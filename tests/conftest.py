@@ -5,6 +5,8 @@ Multi-process tests run their ranks through ``gloo_harness.run_ranks`` (this dir
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,22 @@ import pytest
 def run_dir(tmp_path: Path) -> Path:
     """A fresh, not yet created, directory for one training run's outputs."""
     return tmp_path / "run"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def calibration_cache(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Host calibrations of this session (``legato train`` measures the host once per
+    process count) go to a session directory, never the user's cache."""
+    from legato.train.prediction import CACHE_ENV
+
+    path = tmp_path_factory.mktemp("calibrations")
+    before = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(path)
+    yield path
+    if before is None:
+        del os.environ[CACHE_ENV]
+    else:
+        os.environ[CACHE_ENV] = before
 
 
 @pytest.fixture(scope="session")

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from legato.errors import LegatoError
 from legato.plan.search import Scored, Scorer, default_scorer
 from legato.plan.space import is_valid
 from legato.specs.cluster import ClusterSpec
@@ -66,7 +67,11 @@ def baseline(
             if problem is not None:
                 last = problem
                 continue
-            prediction = scorer(model, cluster, strategy)
+            try:
+                prediction = scorer(model, cluster, strategy)
+            except LegatoError as exc:  # a rule the scorer knows (e.g. the runtime's)
+                last = str(exc)
+                continue
             if prediction.fits:
                 note = (
                     ""

@@ -1,0 +1,115 @@
+"""Predicted against measured on every step, ``parallel.strategy = "auto"`` and
+``legato plan --config``: from a plan to a running job whose log carries the prediction.
+
+The host is calibrated by the first ``legato train`` of the session (``--quick``, cached
+in the session's ``LEGATO_CACHE_DIR``) and read from the cache afterwards.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from legato.cli.main import main
+from legato.cost.calibration import CALIBRATION
+from legato.cost.runtime import Runtime
+from legato.cost.training_step import predict
+from legato.specs import load_cluster
+from legato.train.auto_strategy import plan_run
+from legato.train.config import load_config, resolve_model
+from legato.train.metrics import read_metrics, step_records
+from legato.train.prediction import Machine, host_cluster_file, resolve_machine
+
+
+def _train(args: list[str], capsys: pytest.CaptureFixture[str]) -> str:
+    assert main(["train", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_every_step_logs_the_prediction_and_the_summary_compares(
+    small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    out = _train(small_train_args(run, "--parallel.nproc=1"), capsys)
+    assert host_cluster_file(1).is_file()  # calibrated once, then cached
+    records = step_records(read_metrics(run / "metrics.jsonl"))
+    predicted = {r["predicted_step_time_s"] for r in records}
+    assert len(records) == 6 and len(predicted) == 1 and next(iter(predicted)) > 0
+    summary = json.loads((run / "summary.json").read_text())
+    ratio = summary["predicted_step_time_s"] / summary["step_time_s_median"]
+    assert summary["predicted_over_measured_step"] == pytest.approx(ratio)
+    memory = summary["predicted_peak_memory_bytes"] / summary["peak_memory_bytes"]
+    assert summary["predicted_over_measured_memory"] == pytest.approx(memory)
+    assert "predicted by the cost model on" in out and "step time: measured" in out
+    # The prediction is the cost model's for this job on the cached calibration.
+    config = load_config(None, small_train_args(run, "--parallel.nproc=1"))
+    spec = resolve_model(config.model)
+    machine = resolve_machine("", 1, "cpu")
+    want = predict(spec, machine.cluster, config.job(spec, 1).strategy,
+                   overlap=False, runtime=machine.runtime, calibration=machine.calibration)  # fmt: skip
+    assert next(iter(predicted)) == pytest.approx(want.step_time_s)
+    again = _train(small_train_args(tmp_path / "again", "--parallel.nproc=1"), capsys)
+    assert "calibrating this host" not in again  # the cache is used
+
+
+def test_no_prediction_with_cluster_none(
+    small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    _train(small_train_args(run, "--parallel.nproc=1", "--parallel.cluster=none"), capsys)
+    records = step_records(read_metrics(run / "metrics.jsonl"))
+    assert all(r["predicted_step_time_s"] is None for r in records)
+    assert "predicted_step_time_s" not in json.loads((run / "summary.json").read_text())
+
+
+def test_auto_picks_only_what_the_runtime_runs() -> None:
+    """On a MoE model the planner would also try tp; the runtime refuses it, so auto's
+    ranking holds none, and the pick resolves into a Job."""
+    config = load_config(None, ["--model.preset=tiny-moe", "--parallel.strategy=auto"])
+    spec = resolve_model(config.model)
+    cluster = load_cluster("local-cpu", nodes=1, devices_per_node=2)
+    machine = Machine(cluster, CALIBRATION, True, Runtime(), "local-cpu")
+    report = plan_run(config, spec, 2, machine)
+    assert report.result.ranked and all(s.strategy.tp == 1 for s in report.result.ranked)
+    assert not any(s.strategy.tp > 1 for s in report.result.scored)
+    assert report.result.stats.invalid > 0  # the refused ones were proposed, and dropped
+    best = report.result.best.strategy
+    job = config.with_strategy(best.to_string()).job(spec, 2)
+    assert job.strategy.ep == best.ep and job.strategy.mbs == best.mbs
+
+
+def test_auto_runs_the_pick_and_says_why(
+    small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = tmp_path / "run"
+    out = _train(small_train_args(run, "--parallel.nproc=1", "--parallel.strategy=auto"), capsys)
+    assert "parallel.strategy = auto: " in out and "why: compute" in out
+    [invocation] = [
+        json.loads(line) for line in (run / "invocations.jsonl").read_text().splitlines()
+    ]
+    ran = invocation["config"]["parallel"]["strategy"]
+    assert ran != "auto" and f"parallel.strategy = auto: {ran} " in out
+
+
+def test_plan_writes_a_config_that_trains(
+    small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "plan.toml"
+    argv = ["plan", "--model", "tiny", "--cluster", "local-cpu", "--gbs", "8", "--dtype",
+            "fp32", "--config", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    err = capsys.readouterr().err
+    config = load_config(out)
+    assert f"wrote {out}: plan #" in err and config.parallel.strategy in err
+    assert config.train.global_batch_size == 8 and config.parallel.cluster == ""
+    run = tmp_path / "run"
+    overrides = [
+        a
+        for a in small_train_args(run)
+        if not a.startswith(("--train.global", "--train.micro", "--model.overrides"))
+    ]
+    _train([str(out), *overrides, "--model.overrides={num_layers = 1}"], capsys)
+    ran = json.loads((run / "invocations.jsonl").read_text().splitlines()[0])["config"]
+    assert ran["parallel"]["strategy"] == config.parallel.strategy
