@@ -1,0 +1,136 @@
+"""Framework overhead: ``legato train`` against a plain FSDP2 loop, same model, same layout.
+
+The baseline is what users write today (torchtitan's structure in ~40 lines, ``_worker``):
+``fully_shard`` on every block and the root, AdamW, ``gbs / (mbs * dp)`` micro-batches
+accumulated, gradient clipping to 1.0, one thread per core share, gloo; nothing else. It
+trains the same ``legato.models`` module (the model is not what is compared) on random
+token ids (the speed of a step does not depend on their values). legato runs the same
+job through its CLI: ``--parallel.strategy=zero=3`` (FSDP2 resharded after forward), the
+same batch, with its data pipeline, metrics, progress and prediction
+(``--parallel.cluster=none`` only skips calibrating the host).
+
+The two alternate ``--repeats`` times (so drift on a shared machine hits both); each run
+reports its median tokens/s after ``WARMUP`` steps and the row gives the median over
+repeats. Metric ``tokens_per_s``: ``value`` legato, ``baseline_value`` the plain loop,
+``ratio = legato / plain`` (higher is better; the goal is >= 0.95).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from report import emit
+
+WARMUP = 3
+
+
+def _worker(model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
+    """One rank of the plain FSDP2 loop (run by torchrun)."""
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from torch.distributed.fsdp import fully_shard
+
+    from legato.models import build_model
+    from legato.specs import load_model
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
+    spec = load_model(model_name)
+    model = build_model(spec, seed=0)
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
+    micro = gbs // (mbs * world)
+    generator = torch.Generator().manual_seed(rank)
+    times = []
+    for _ in range(steps):
+        began = time.perf_counter()
+        for _ in range(micro):
+            tokens = torch.randint(0, spec.vocab_size, (mbs, spec.seq_len + 1), generator=generator)
+            logits = model(tokens[:, :-1])
+            loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()) / micro
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        times.append(time.perf_counter() - began)
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def plain(model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
+    out = tmp / "plain.json"
+    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
+               "--standalone", __file__, "--worker", model, str(steps), str(gbs),
+               str(mbs), str(out)]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    times = json.loads(out.read_text())[WARMUP:]
+    return gbs * load_seq(model) / statistics.median(times)
+
+
+def legato(model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
+    run = tmp / f"legato-{time.monotonic_ns()}"
+    command = [sys.executable, "-m", "legato.cli.main", "train", f"--model.preset={model}",
+               f"--parallel.nproc={nproc}", "--parallel.strategy=zero=3",
+               "--parallel.cluster=none", f"--train.steps={steps}",
+               f"--train.global_batch_size={gbs}", f"--train.micro_batch_size={mbs}",
+               f"--train.log_every={steps}", "--checkpoint.every=0", f"--run.dir={run}"]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=1800)
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    times = [json.loads(line)["step_time_s"] for line in lines][WARMUP:]
+    return gbs * load_seq(model) / statistics.median(times)
+
+
+def load_seq(model: str) -> int:
+    from legato.specs import load_model
+
+    return load_model(model).seq_len
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="10 steps, 2 repeats")
+    parser.add_argument("--model", default="tiny")
+    parser.add_argument("--nproc", type=int, nargs="+", default=[2])
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 2)")
+    parser.add_argument("--steps", type=int, default=None, help="default 20 (quick: 10)")
+    parser.add_argument("--gbs", type=int, default=12)
+    parser.add_argument("--mbs", type=int, default=6)
+    args = parser.parse_args()
+    repeats = args.repeats or (2 if args.quick else 3)
+    steps = args.steps or (10 if args.quick else 20)
+    with tempfile.TemporaryDirectory(prefix="legato-fsdp-baseline-") as tmp:
+        for nproc in args.nproc:
+            ours, theirs = [], []
+            for i in range(repeats):
+                print(f"fsdp_baseline: {args.model} x{nproc}, repeat {i + 1}/{repeats}",
+                      file=sys.stderr)  # fmt: skip
+                theirs.append(plain(args.model, nproc, steps, args.gbs, args.mbs, Path(tmp)))
+                ours.append(legato(args.model, nproc, steps, args.gbs, args.mbs, Path(tmp)))
+            emit(
+                "fsdp_baseline",
+                {"model": args.model, "nproc": nproc, "gbs": args.gbs, "mbs": args.mbs},
+                "tokens_per_s", statistics.median(ours), "plain_fsdp2_loop",
+                statistics.median(theirs), digits=1, ratio_digits=3,
+                legato_runs=[round(x) for x in ours], plain_runs=[round(x) for x in theirs],
+            )  # fmt: skip
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        model, steps, gbs, mbs, out = sys.argv[2:7]
+        _worker(model, int(steps), int(gbs), int(mbs), out)
+    else:
+        main()
