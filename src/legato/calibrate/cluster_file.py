@@ -23,6 +23,7 @@ from typing import Any
 from legato.atomic import write_text_atomic
 from legato.calibrate.host import Measurement, comm_line
 from legato.cost.calibration import CALIBRATION, Calibration, side_path
+from legato.cost.link_fit import CommTiming, fit_alpha_beta
 from legato.errors import ConfigError, SpecError
 from legato.specs.registry import load_cluster
 from legato.specs.typed import from_dict, read_table_file, toml_literal
@@ -82,8 +83,8 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
     """``base`` with this machine's constants: the device's figures are achieved rates, so
     GEMMs reach all of the measured peak (fraction 1) with the measured half-efficiency
     size; fused attention and elementwise kernels run at their measured share of the GEMM
-    and copy rates; collectives cost exactly the fitted link (no extra base latency, all
-    of the fitted bandwidth). ``kernel_overhead_s`` stays ``base``'s: the fork/join probe
+    and copy rates; collectives cost exactly their kind's fitted link (no extra base
+    latency, all of the fitted bandwidth). ``kernel_overhead_s`` stays ``base``'s: the fork/join probe
     (``parallel_overhead_s``) is ~0 on idle cores and under load 2-15x what a training
     kernel pays (BENCHMARKS.md, Local truth), so it is recorded, not charged."""
     return dataclasses.replace(
@@ -95,7 +96,20 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
         base_latency_us=0.0,
         latency_scale=1.0,
         bandwidth_fraction=1.0,
+        collective_fits=collective_fits(m.comm),
     )
+
+
+def collective_fits(timings: list[CommTiming]) -> tuple[tuple[str, float, float], ...]:
+    """``Calibration.collective_fits``: an alpha-beta fit of each kind measured at two
+    sizes or more (``cost.link_fit.fit_alpha_beta`` on that kind's timings alone)."""
+    fits = []
+    for kind in dict.fromkeys(t.kind for t in timings):
+        mine = [t for t in timings if t.kind == kind]
+        if len({t.nbytes for t in mine}) >= 2:
+            fit = fit_alpha_beta(mine)
+            fits.append((kind, round(fit.latency_s * 1e6, 3), round(fit.bandwidth / 1e9, 6)))
+    return tuple(fits)
 
 
 def _comments(m: Measurement, side: str) -> list[str]:

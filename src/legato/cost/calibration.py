@@ -42,7 +42,8 @@ class Calibration:
     the device name; default ``peak_fraction``).
 
     Collectives: ``base_latency_us + steps * latency_scale * link.latency_us +
-    wire_bytes / (bandwidth_fraction * link.bandwidth)``.
+    wire_bytes / (bandwidth_fraction * link.bandwidth)``; a kind in
+    ``collective_fits`` uses its own latency and bandwidth instead of the link's.
     """
 
     # A100 class: 0.74 of 312 TFLOP/s (231) sustained in training; fitted (public cuBLAS
@@ -82,6 +83,11 @@ class Calibration:
     # the fork/join of its threads), times ``runtime.kernels_per_pass``. 0 here: GPU launch
     # costs hide behind the queue and the fitted efficiencies above absorb the rest.
     kernel_overhead_s: float = 0.0
+    # (kind, latency_us per ring step, bandwidth_gbps) fitted per collective kind on a host
+    # ``legato calibrate`` measured; they replace the link's figures for that kind. Gloo
+    # implements each kind its own way (a 4 KiB all-reduce of 2 processes takes ~2 ms, an
+    # all-to-all ~0.3 ms), so one fit for every kind is ~60% off. Empty: the link's.
+    collective_fits: tuple[tuple[str, float, float], ...] = ()
 
     def gemm_peak_fraction(self, device_name: str) -> float:
         name = device_name.lower()
@@ -104,22 +110,32 @@ def load_calibration(path: str | Path) -> Calibration:
         raise ConfigError(f"{path}: calibration must be a JSON object of Calibration fields")
     where = f"{path}: calibration"
     merged = {**to_dict(CALIBRATION), **data}
-    by_device = merged.pop("peak_fraction_by_device")  # (name, fraction) pairs: typed apart
+    # rows of (name, numbers...): typed apart
+    by_device = merged.pop("peak_fraction_by_device")
+    fits = merged.pop("collective_fits")
     calibration = from_dict(Calibration, merged, where, ConfigError)
-    return replace(calibration, peak_fraction_by_device=_pairs(by_device, where))
+    return replace(
+        calibration,
+        peak_fraction_by_device=_rows(by_device, f"{where}.peak_fraction_by_device",
+                                      "[device prefix, fraction]"),
+        collective_fits=_rows(fits, f"{where}.collective_fits",
+                              "[kind, latency_us, bandwidth_gbps]"),
+    )  # fmt: skip
 
 
-def _pairs(value: object, where: str) -> tuple[tuple[str, float], ...]:
-    where = f"{where}.peak_fraction_by_device"
+def _rows(value: object, where: str, shape: str) -> tuple[tuple, ...]:
+    """A list of ``[name, number, ...]`` rows of ``shape``'s length as tuples."""
     if not isinstance(value, (list, tuple)):
-        raise ConfigError(f"{where}: expected a list of [device prefix, fraction] pairs")
-    pairs = []
-    for i, pair in enumerate(value):
-        ok = isinstance(pair, (list, tuple)) and len(pair) == 2 and isinstance(pair[0], str)
-        if not ok or isinstance(pair[1], bool) or not isinstance(pair[1], (int, float)):
-            raise ConfigError(f"{where}[{i}]: expected [device prefix, fraction], got {pair!r}")
-        pairs.append((pair[0], float(pair[1])))
-    return tuple(pairs)
+        raise ConfigError(f"{where}: expected a list of {shape} rows")
+    arity = shape.count(",") + 1
+    rows = []
+    for i, row in enumerate(value):
+        ok = isinstance(row, (list, tuple)) and len(row) == arity and isinstance(row[0], str)
+        numbers = row[1:] if ok else []
+        if not ok or any(isinstance(x, bool) or not isinstance(x, (int, float)) for x in numbers):
+            raise ConfigError(f"{where}[{i}]: expected {shape}, got {row!r}")
+        rows.append((row[0], *(float(x) for x in numbers)))
+    return tuple(rows)
 
 
 SIDE_SUFFIX = ".calibration.json"

@@ -62,6 +62,10 @@ def collective_time(
     of other mesh axes. Zero for a group of one (nothing is sent)."""
     if nbytes <= 0 or (p <= 1 and kind != "p2p"):
         return 0.0
-    latency = calibration.latency_scale * link.latency_us * 1e-6
-    bandwidth = link.bandwidth_gbps * 1e9 * calibration.bandwidth_fraction * bandwidth_share
+    latency_us, gbps = link.latency_us, link.bandwidth_gbps
+    for fitted_kind, fitted_latency_us, fitted_gbps in calibration.collective_fits:
+        if fitted_kind == kind:
+            latency_us, gbps = fitted_latency_us, fitted_gbps
+    latency = calibration.latency_scale * latency_us * 1e-6
+    bandwidth = gbps * 1e9 * calibration.bandwidth_fraction * bandwidth_share
     return calibration.base_latency_us * 1e-6 + ideal_time(kind, nbytes, p, latency, bandwidth)

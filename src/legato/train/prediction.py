@@ -39,6 +39,7 @@ from legato.specs.model import ModelSpec
 
 CACHE_ENV = "LEGATO_CACHE_DIR"
 NO_CLUSTER = "none"  # parallel.cluster: do not predict
+FORMAT = 2  # of the cached calibration: a new one is measured when what it holds changes
 # a substring of torch.cuda.get_device_name -> the node preset of that GPU
 GPU_NODES = {"H200": "hgx-h200", "H100": "dgx-h100", "H800": "h800", "A100": "dgx-a100",
              "4090": "rtx4090-pcie"}  # fmt: skip
