@@ -15,9 +15,10 @@ found the fastest, lower is faster than every row).
 
 Rows, one JSON object per line: metric ``step_time_s``, ``value`` the prediction,
 ``baseline_value`` the measured median, ``ratio = predicted / measured`` (1 is a perfect
-prediction), ``memory_ratio`` likewise; a final ``summary`` row with the median and the
+prediction), ``memory_ratio`` likewise; a final ``median_abs_error`` row with the median and the
 worst ``|ratio - 1|`` over the matrix and each auto pick. ``--png`` draws predicted
 against measured. ``--quick``: one and two processes, a few strategies, 5 steps.
+``--device cuda --nproc 1``: the rows one GPU runs (``benchmarks/gpu/strategy_matrix_gpu.py``).
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ MATRIX: dict[str, dict[int, list[str]]] = {
 QUICK = {"tiny": {1: ["", "recompute=full"], 2: ["zero=3", "tp=2", "cp=2"]}}
 
 
-def train(model: str, nproc: int, strategy: str, steps: int, run_dir: Path) -> dict:
+def train(model: str, nproc: int, strategy: str, steps: int, run_dir: Path, device: str) -> dict:
     """One ``legato train`` run: what it measured and what it predicted."""
     command = [
         *(sys.executable, "-m", "legato.cli.main", "train"),
@@ -63,6 +64,7 @@ def train(model: str, nproc: int, strategy: str, steps: int, run_dir: Path) -> d
         f"--train.log_every={steps}",
         "--checkpoint.every=0",
         f"--run.dir={run_dir}",
+        f"--train.device={device}",
     ]
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
@@ -81,7 +83,7 @@ def train(model: str, nproc: int, strategy: str, steps: int, run_dir: Path) -> d
     }
 
 
-def run_matrix(matrix: dict, steps: int, tmp: Path) -> list[dict]:
+def run_matrix(matrix: dict, steps: int, tmp: Path, device: str) -> list[dict]:
     rows = []
     for model, by_nproc in matrix.items():
         for nproc, strategies in by_nproc.items():
@@ -90,7 +92,7 @@ def run_matrix(matrix: dict, steps: int, tmp: Path) -> list[dict]:
                 print(
                     f"strategy_matrix: {model} x{nproc} {strategy or '(default)'}", file=sys.stderr
                 )
-                got = train(model, nproc, strategy, steps, tmp / name)
+                got = train(model, nproc, strategy, steps, tmp / name, device)
                 case = {"model": model, "nproc": nproc, "strategy": strategy}
                 if "error" in got or got["predicted_s"] is None:
                     note("strategy_matrix", case=case, error=got.get("error", "no prediction"))
@@ -108,7 +110,7 @@ def run_matrix(matrix: dict, steps: int, tmp: Path) -> list[dict]:
     return rows
 
 
-def run_auto(matrix: dict, rows: list[dict], steps: int, tmp: Path) -> list[dict]:
+def run_auto(matrix: dict, rows: list[dict], steps: int, tmp: Path, device: str) -> list[dict]:
     """``auto`` once per (model, process count), against the measured-fastest row."""
     picks = []
     for model, by_nproc in matrix.items():
@@ -117,7 +119,7 @@ def run_auto(matrix: dict, rows: list[dict], steps: int, tmp: Path) -> list[dict
             if not mine:
                 continue
             print(f"strategy_matrix: {model} x{nproc} auto", file=sys.stderr)
-            got = train(model, nproc, "auto", steps, tmp / f"{model}-{nproc}-auto")
+            got = train(model, nproc, "auto", steps, tmp / f"{model}-{nproc}-auto", device)
             case = {"model": model, "nproc": nproc, "strategy": "auto"}
             if "error" in got:
                 note("strategy_matrix", case=case, error=got["error"])
@@ -172,13 +174,17 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 8)")
     parser.add_argument("--png", default="", help="write predicted against measured here")
     parser.add_argument("--cache", default="", help="LEGATO_CACHE_DIR to reuse calibrations")
+    parser.add_argument("--nproc", type=int, nargs="+", default=None, help="only these counts")
+    parser.add_argument("--device", default="cpu", help="train.device (cuda: benchmarks/gpu)")
     args = parser.parse_args()
     matrix = QUICK if args.quick else MATRIX
+    if args.nproc:
+        matrix = {m: {n: v for n, v in by.items() if n in args.nproc} for m, by in matrix.items()}
     steps = args.steps or (5 if args.quick else 8)
     with tempfile.TemporaryDirectory(prefix="legato-strategy-matrix-") as tmp:
         os.environ["LEGATO_CACHE_DIR"] = args.cache or str(Path(tmp) / "cache")
-        rows = run_matrix(matrix, steps, Path(tmp))
-        picks = run_auto(matrix, rows, steps, Path(tmp))
+        rows = run_matrix(matrix, steps, Path(tmp), args.device)
+        picks = run_auto(matrix, rows, steps, Path(tmp), args.device)
     errors = [abs(r["ratio"] - 1) for r in rows]
     if errors:
         emit(
