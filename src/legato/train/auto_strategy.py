@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from legato.cost.training_step import predict
 from legato.errors import ConfigError, LegatoError
-from legato.parallel.job import AUTO, FIELD, resolve_job
+from legato.parallel.job import AUTO, FIELD
 from legato.plan.report import PlanReport, make_plan
 from legato.plan.space import SearchSpace
 from legato.specs.dtypes import DTYPE_KINDS
@@ -43,15 +43,13 @@ def resolve_auto(
 
 def plan_run(config: TrainConfig, spec: ModelSpec, nproc: int, machine: Machine) -> PlanReport:
     """The plans for ``config`` on ``nproc`` processes of ``machine``, fastest first."""
-    seq_len = config.data.seq_len or spec.seq_len
-    priced = spec.with_(seq_len=seq_len)
+    priced = spec.with_(seq_len=config.data.seq_len or spec.seq_len)
     dtype = config.train.dtype
 
     def runnable(model: ModelSpec, cluster, strategy: Strategy):
-        resolve_job(  # raises the runtime's refusal, which the search counts as invalid
-            strategy.to_string(), spec, nproc,
-            mbs=strategy.mbs, gbs=strategy.gbs, dtype=dtype, seq_len=seq_len,
-        )  # fmt: skip
+        # the trainer's own check (the runtime's refusals, the config's rules) or an error,
+        # which the search counts as an invalid candidate
+        config.with_strategy(strategy.to_string()).job(spec, nproc)
         return predict(
             model,
             cluster,

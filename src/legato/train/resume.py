@@ -59,6 +59,7 @@ CHANGEABLE = frozenset(
         "parallel.nproc",
         "parallel.backend",
         "parallel.strategy",
+        "parallel.cluster",
         "checkpoint.every",
         "checkpoint.keep",
         "checkpoint.resume",
