@@ -177,9 +177,12 @@ def main() -> None:
     parser.add_argument("--png", default="", help="write predicted against measured here")
     parser.add_argument("--cache", default="", help="LEGATO_CACHE_DIR to reuse calibrations")
     parser.add_argument("--nproc", type=int, nargs="+", default=None, help="only these counts")
+    parser.add_argument("--model", nargs="+", default=None, help="only these presets")
     parser.add_argument("--device", default="cpu", help="train.device (cuda: benchmarks/gpu)")
     args = parser.parse_args()
     matrix = QUICK if args.quick else MATRIX
+    if args.model:
+        matrix = {m: by for m, by in matrix.items() if m in args.model}
     if args.nproc:
         matrix = {m: {n: v for n, v in by.items() if n in args.nproc} for m, by in matrix.items()}
     steps = args.steps or (5 if args.quick else 8)
