@@ -102,3 +102,20 @@ def test_capped_svpp_bubble_tracks_the_simulator(p, m, v, k):
         assert predicted == pytest.approx(simulated, rel=0.35)
         assert model.bubble_s >= previous
         previous = model.bubble_s
+
+
+def test_an_uneven_split_is_priced_as_the_runtime_builds_it() -> None:
+    """3 layers on pp=2: the cost model's stages hold 2 and 1 layers, as
+    ``parallel.pipeline.split_layers`` builds them."""
+    from legato.cost.stage import pipeline_stages
+    from legato.parallel.pipeline.stages import split_layers
+    from legato.specs.model import ModelSpec
+    from legato.specs.strategy import Strategy
+
+    spec = ModelSpec(name="u", hidden_size=64, num_layers=3, num_heads=2, num_kv_heads=2,
+                     vocab_size=256, seq_len=64)  # fmt: skip
+    s = Strategy(pp=2, dp=1, mbs=1, gbs=4)
+    s.check(spec, 2)
+    stages = pipeline_stages(spec, s)
+    assert [st.dense for st in stages] == [len(r) for r in split_layers(3, 2)] == [2, 1]
+    assert stages[0].first and stages[1].last

@@ -15,7 +15,7 @@ vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``pp`` with every schedule of
 ``legato.schedule``, stages replicated by DDP; ``swap`` and ``loss_chunk``; ``dtype``,
 ``mbs``, ``gbs``. What is refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA
-/ tied-embedding models, and pp combined with tp, cp, ep, FSDP2 or swap
+/ tied-embedding models, and pp combined with tp, cp, ep, zero > 0 or swap
 (``_check_runtime``). The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by

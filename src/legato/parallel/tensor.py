@@ -14,7 +14,7 @@ trainer runs the collectives the cost model counted. Around the blocks:
   the ``[tokens x V]`` logits are never gathered on one rank.
 
 Ranks of one tp group read the same rows (``dp_rank`` ignores tp) and count their label
-tokens once. What is refused (``check_tensor_parallel``, before any process starts) is
+tokens once. What is refused (``job.check_tensor_parallel``, before any process starts) is
 what this applier does not lay out: MoE blocks (the experts would need ``etp``), MLA's
 low-rank projections, tied embeddings, learned positions with ``sp``.
 """

@@ -146,7 +146,12 @@ class Strategy:
         heads_split, name = (self.tp_y, "tp_y") if self.tp_y > 1 else (self.tp, "tp")
         _divides(heads_split, model.num_heads, name, "num_heads")
         _divides(heads_split, model.num_kv_heads, name, "num_kv_heads")
-        _divides(self.pp * self.vpp, model.num_layers, "pp*vpp", "num_layers")
+        chunks = self.pp * self.vpp
+        if chunks > model.num_layers:
+            raise StrategyError(
+                f"strategy: pp*vpp ({chunks}) must be at most num_layers "
+                f"({model.num_layers}): every virtual stage holds a layer"
+            )
         if self.gbs % (self.mbs * self.dp):
             raise StrategyError(
                 f"strategy: gbs ({self.gbs}) must be a multiple of mbs*dp "
@@ -242,6 +247,14 @@ def _int(key: str, value: str) -> int:
         return int(value)
     except ValueError:
         raise StrategyError(f"strategy.{key} must be an integer, got {value!r}") from None
+
+
+def layer_split(num_layers: int, chunks: int) -> tuple[int, ...]:
+    """Layers of each of ``chunks`` virtual pipeline stages, in order: balanced, the extra
+    layers of an uneven split on the earliest stages (the last carries the LM head and
+    the loss). The cost model prices and the runtime builds this same split."""
+    base, extra = divmod(num_layers, chunks)
+    return tuple(base + (c < extra) for c in range(chunks))
 
 
 def _divides(divisor: int, total: int, divisor_name: str, total_name: str) -> None:

@@ -133,7 +133,9 @@ class Trainer:
             resume.record_invocation(run_dir, ran, start, resumed_from, changes)
         self.progress = Progress(cfg.train.steps, start, cfg.train.log_every, ctx.is_main)
         self.progress.message(self._describe(run_dir, tokenizer_name))
-        self.progress.message(why_not or _prediction_line(self.job.prediction, self.machine))
+        priced = why_not or _prediction_line(self.job.prediction, self.machine)
+        if priced:
+            self.progress.message(priced)
         if resumed:
             self.progress.message(resumed)
         log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
