@@ -76,6 +76,8 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
     nproc = config.parallel.nproc
     spec = resolve_model(config.model)  # fail on a bad model or layout before any process
     device = resolve_device(config.train.device)
+    if config.parallel.strategy != AUTO:  # a strategy that cannot run fails before anything
+        config.job(spec, nproc)
     if not config.parallel.cluster and device.type == "cpu":  # calibrations start processes
         from legato.train.prediction import ensure_host_calibration
 
@@ -85,7 +87,7 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
 
         config = resolve_auto(config, spec, nproc, device.type)
         extra = [*extra, f"--parallel.strategy={config.parallel.strategy}"]
-    config.job(spec, nproc)  # a strategy the runtime cannot place fails before any process
+        config.job(spec, nproc)
     if device.type == "cuda":
         import torch
 
