@@ -23,7 +23,7 @@ pytestmark = pytest.mark.distributed
 STEPS = 3
 RTOL = 1e-5  # fp32; two layouts differ in reduction order only (seen: < 1e-6)
 # Heads and KV heads divisible by 2 (tp), 3 layers (an uneven pp=2 split), a vocabulary
-# of 259 that tp=2 does not divide (padded), 64 tokens (cp=2 cuts 4 chunks).
+# of 259 that tp=2 does not divide (split 130/129), 64 tokens (cp=2 cuts 4 chunks).
 DENSE = (
     "{num_layers = 3, hidden_size = 64, num_heads = 2, num_kv_heads = 2, "
     "ffn_hidden_size = 128, vocab_size = 259, seq_len = 64}"
