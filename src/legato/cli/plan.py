@@ -235,7 +235,7 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                         report) -> None:  # fmt: skip
     """``--config``: the first ranked plan that ``legato train`` can place, as a config."""
     from legato.atomic import write_text_atomic
-    from legato.parallel.job import TRAINED_DTYPE, resolve_job
+    from legato.parallel.job import TRAINED_DTYPE
     from legato.train.config import (
         DataSection,
         ModelSection,
@@ -251,14 +251,10 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
     refused = []
     for rank, scored in enumerate(report.result.ranked, 1):
         text = scored.strategy.to_string()
-        try:
-            resolve_job(text, model, cluster.world_size, mbs=scored.strategy.mbs,
-                        gbs=args.gbs, dtype=args.dtype, seq_len=model.seq_len)  # fmt: skip
-        except LegatoError as exc:
-            refused.append(f"#{rank}: {exc}")
-            continue
         config = TrainConfig(
-            model=ModelSection(preset=args.model),
+            model=ModelSection(
+                preset=args.model, overrides={"seq_len": args.seq} if args.seq else {}
+            ),
             data=DataSection(seq_len=model.seq_len),
             train=TrainSection(global_batch_size=args.gbs, micro_batch_size=scored.strategy.mbs),
             # a cluster file (calibrated) prices the run; a preset leaves it to the host
@@ -268,6 +264,11 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                 cluster=args.cluster if os.path.isfile(args.cluster) else "",
             ),
         )
+        try:
+            config.job(model, cluster.world_size)  # what `legato train` will check
+        except LegatoError as exc:
+            refused.append(f"#{rank}: {exc}")
+            continue
         header = (f"legato train config for plan #{rank} of `legato plan --model {args.model} "
                   f"--cluster {args.cluster} --gbs {args.gbs}`: {text}")  # fmt: skip
         write_text_atomic(args.config, render_toml(config, header))
