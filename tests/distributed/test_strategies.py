@@ -43,6 +43,7 @@ ROWS = {
     "pp=2 uneven": ("dense", 2, "pp=2,schedule=1f1b"),
     "moe ep=2": ("moe", 2, "ep=2"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
+    "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
 }
 
 
