@@ -40,7 +40,7 @@ from legato.cost.xtuner_terms import block_stored, chunked_logits_bytes, swap_re
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
-from legato.specs.strategy import Strategy, layer_split
+from legato.specs.strategy import Strategy, layer_ranges
 
 CRITICAL = ("tp", "tp_x", "tp_y", "pp", "ep")  # ep: what its schedule leaves exposed
 
@@ -136,21 +136,17 @@ def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
     """Every pipeline device in order: chunk ``c p + r`` on device ``r`` (interleaved,
     SVPP), chunks ``r`` and ``2p - 1 - r`` for ZB-V's V shape (so device 0 holds both the
     embedding and the LM head). An uneven split puts the extra layers on the earliest
-    chunks (``layer_split``)."""
+    chunks (``layer_ranges``)."""
     p, chunks = s.pp, s.pp * s.vpp
-    sizes = layer_split(model.num_layers, chunks)
-    starts = [sum(sizes[:c]) for c in range(chunks)]
-    moe_in_chunk = [
-        sum(model.is_moe_layer(i) for i in range(start, start + size))
-        for start, size in zip(starts, sizes, strict=True)
-    ]
+    ranges = layer_ranges(model.num_layers, chunks)
+    moe_in_chunk = [sum(model.is_moe_layer(i) for i in layers) for layers in ranges]
     v_shape = s.schedule == "zb-v" and s.vpp == 2
     stages = []
     for r in range(p):
         mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(s.vpp)]
         moe = sum(moe_in_chunk[c] for c in mine)
         last = r == 0 if v_shape else r == p - 1
-        stages.append(Stage(sum(sizes[c] for c in mine) - moe, moe, r == 0, last))
+        stages.append(Stage(sum(len(ranges[c]) for c in mine) - moe, moe, r == 0, last))
     return stages
 
 

@@ -249,12 +249,14 @@ def _int(key: str, value: str) -> int:
         raise StrategyError(f"strategy.{key} must be an integer, got {value!r}") from None
 
 
-def layer_split(num_layers: int, chunks: int) -> tuple[int, ...]:
-    """Layers of each of ``chunks`` virtual pipeline stages, in order: balanced, the extra
-    layers of an uneven split on the earliest stages (the last carries the LM head and
-    the loss). The cost model prices and the runtime builds this same split."""
+def layer_ranges(num_layers: int, chunks: int) -> tuple[range, ...]:
+    """The contiguous block range of each of ``chunks`` virtual pipeline stages, in order:
+    balanced, the extra layers of an uneven split on the earliest stages (the last
+    carries the LM head and the loss). The cost model prices and the runtime builds this
+    same split."""
     base, extra = divmod(num_layers, chunks)
-    return tuple(base + (c < extra) for c in range(chunks))
+    starts = [c * base + min(c, extra) for c in range(chunks)]  # c earlier stages, extras
+    return tuple(range(start, start + base + (c < extra)) for c, start in enumerate(starts))
 
 
 def _divides(divisor: int, total: int, divisor_name: str, total_name: str) -> None:

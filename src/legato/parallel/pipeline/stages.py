@@ -19,17 +19,7 @@ from torch import Tensor, nn
 from legato.errors import ConfigError
 from legato.models.transformer import Transformer
 from legato.schedule import StagePlacement
-from legato.specs.strategy import layer_split
-
-
-def split_layers(num_layers: int, num_stages: int) -> tuple[range, ...]:
-    """Contiguous, balanced block ranges per virtual stage; earlier stages get the extra
-    blocks (the last stage also carries the LM head and the loss)."""
-    out, start = [], 0
-    for size in layer_split(num_layers, num_stages):
-        out.append(range(start, start + size))
-        start += size
-    return tuple(out)
+from legato.specs.strategy import layer_ranges as split_layers  # the cost model's split
 
 
 class StageModule(nn.Module):
