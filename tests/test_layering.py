@@ -90,3 +90,18 @@ def test_planning_layers_load_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_cluster_policies_and_simulator_load_without_torch() -> None:
+    """DESIGN.md: the packing policies and the trace simulator are pure functions of state."""
+    code = (
+        "import sys, importlib, pkgutil, legato.cluster.policies\n"
+        "for name in ('workloads', 'jobs', 'trace', 'placement', 'speed', 'simulator', 'report'):\n"
+        "    importlib.import_module('legato.cluster.' + name)\n"
+        "pkg = legato.cluster.policies\n"
+        "for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + '.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "print('torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -24,6 +24,7 @@ COMMAND_GROUPS = (
     "export",
     "schedule",
     "finetune",
+    "cluster",
 )
 
 
