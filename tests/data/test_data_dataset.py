@@ -142,3 +142,35 @@ def test_split_tokens():
     assert np.array_equal(np.concatenate([train, val]), tokens)
     with pytest.raises(DataError, match=r"data\.holdout"):
         split_tokens(tokens, 1.0)
+
+
+def test_uneven_split_serves_the_global_batch_in_rank_order():
+    ds = PackedDataset(stream(), SEQ, seed=2)
+    state = ds.state_dict()
+    whole = ds.next_batch(8)[0]
+    shares = []
+    for rank in range(2):
+        ds.load_state_dict(state)
+        shares.append(ds.next_batch(8, rank, 2, split=[5, 3])[0])
+    assert [len(s) for s in shares] == [5, 3]
+    assert torch.equal(torch.cat(shares), whole)
+    assert ds.state_dict()["position"] == 8  # the whole global batch is consumed
+    with pytest.raises(
+        DataError, match=r"train.batch_split: must have 2 entries >= 1 summing to 8"
+    ):
+        ds.next_batch(8, 0, 2, split=[5, 2])
+
+
+def test_any_split_resumes_without_lost_or_repeated_windows():
+    even = run(PackedDataset(stream(), SEQ, seed=4), 9, 4)
+    ds, got = PackedDataset(stream(), SEQ, seed=4), []
+    for step, split in enumerate([[2, 2], [3, 1], [1, 3]] * 3):
+        state = ds.state_dict()
+        fresh = PackedDataset(stream(), SEQ, seed=4)  # as after a restart from a checkpoint
+        shares = []
+        for rank in range(2):
+            fresh.load_state_dict(state)
+            shares.append(fresh.next_batch(4, rank, 2, split=split)[0])
+        ds.load_state_dict(fresh.state_dict())
+        got.append(torch.cat(shares))
+        assert torch.equal(got[step], even[step])

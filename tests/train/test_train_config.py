@@ -217,3 +217,36 @@ def test_cli_failed_run_leaves_no_run_directory(
     assert main(["train", *args]) == 2
     assert "fewer than one sequence" in capsys.readouterr().err
     assert not (runs / "failed").exists()
+
+
+SPLIT = ["--train.global_batch_size=8", "--train.micro_batch_size=2"]
+BAD_SPLITS = [
+    ("[4, 2, 2]", "", "train.batch_split: must have one entry per data-parallel rank (2)"),
+    ("[5, 2]", "", "train.batch_split: must sum to train.global_batch_size (8), got [5, 2]"),
+    ("[8, 0]", "", "train.batch_split: every entry must be >= 1, got [8, 0]"),
+    ("[7, 1]", "", "train.batch_split: every entry must be >= the micro-batches per step"),
+    ("[5, 3.5]", "", "train.batch_split[1]: expected an integer"),
+    ("[4, 4]", "pp=2,dp=1", "train.batch_split: must be [] with pp > 1"),
+]
+
+
+@pytest.mark.parametrize(("split", "strategy", "message"), BAD_SPLITS)
+def test_bad_batch_split_is_one_config_error(split: str, strategy: str, message: str) -> None:
+    args = [*SPLIT, f"--train.batch_split={split}", f"--parallel.strategy={strategy}"]
+    with pytest.raises(ConfigError) as info:
+        config = load_config(None, args)
+        config.job(resolve_model(config.model), 2)  # the dp size is known here
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_batch_split_from_toml_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.toml"
+    path.write_text("[train]\nglobal_batch_size = 8\nmicro_batch_size = 2\nbatch_split = [5, 3]\n")
+    assert load_config(path).train.batch_split == [5, 3]
+    config = load_config(path, ["--train.batch_split=[3,5]"])
+    assert config.train.batch_split == [3, 5]
+    assert config.job(resolve_model(config.model), 2).strategy.dp == 2
+    # a pasted strategy's gbs and mbs are the ones the split is checked against
+    pasted = load_config(None, ["--parallel.strategy=mbs=2,gbs=10", "--train.batch_split=[6,4]"])
+    assert pasted.train.global_batch_size == 10

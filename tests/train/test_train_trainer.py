@@ -56,3 +56,17 @@ def test_bf16_autocast_tracks_fp32(small_train_args, tmp_path: Path) -> None:
 def test_sequence_longer_than_the_model_is_a_config_error(small_train_args, run_dir: Path) -> None:
     with pytest.raises(ConfigError, match=r"data.seq_len: must be <= the model's seq_len \(64\)"):
         _fit(small_train_args(run_dir, "--data.seq_len=128"))
+
+
+def test_set_batch_split_checks_before_it_is_taken(small_train_args, run_dir: Path) -> None:
+    args = small_train_args(run_dir, "--parallel.nproc=1", "--train.steps=1")
+    trainer = Trainer(load_config(None, [*args, "--parallel.cluster=none"]))
+    with pytest.raises(ConfigError, match="set_batch_split needs the layout"):
+        trainer.set_batch_split([8])
+    trainer.fit()
+    assert trainer.batch_split == [8]  # one process: the whole global batch
+    with pytest.raises(ConfigError, match=r"one entry per data-parallel rank \(1\), got \[4, 4\]"):
+        trainer.set_batch_split([4, 4])
+    with pytest.raises(ConfigError, match="must be a list of integers"):
+        trainer.set_batch_split([8.0])
+    trainer.set_batch_split([8])

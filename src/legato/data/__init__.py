@@ -9,7 +9,7 @@ The public API (stable; the trainer codes against these names)::
     prepare_tokens(paths, tokenizer, *, text_field="text", cache_dir=None,
                    progress=None) -> np.ndarray       # uint16 / uint32, eos after each document
     PackedDataset(tokens, seq_len, *, seed, shuffle=True)
-        .num_sequences; .next_batch(global_batch, rank=0, world=1) -> (inputs, labels)
+        .num_sequences; .next_batch(global_batch, rank=0, world=1, split=None) -> (inputs, labels)
         .state_dict() -> dict; .load_state_dict(state)
     split_tokens(tokens, holdout) -> (train_tokens, val_tokens)
     builtin_corpus_path(cache_dir, *, seed=0, target_bytes=3_000_000) -> Path

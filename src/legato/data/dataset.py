@@ -8,13 +8,15 @@ separate them.
 
 Each epoch visits every window once, in an order that is a permutation drawn from
 ``(seed, epoch)``. A global batch takes the next ``global_batch`` windows of that order and
-each rank gets a contiguous share, so what the whole job sees does not depend on the world
-size, and the position (epoch, index) is all the state needed to resume exactly.
+each rank gets a contiguous share (equal, or as ``train.batch_split`` gives), so what the
+whole job sees does not depend on the world size or the split, and the position (epoch,
+index) is all the state needed to resume exactly.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -111,12 +113,15 @@ class PackedDataset:
         return np.concatenate(parts)
 
     def next_batch(
-        self, global_batch: int, rank: int = 0, world: int = 1
+        self, global_batch: int, rank: int = 0, world: int = 1, split: Sequence[int] | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Consume ``global_batch`` windows; return this rank's rows as (inputs, labels).
 
-        Both are int64 tensors of shape ``[global_batch // world, seq_len]``; rank ``r``
-        gets rows ``r * share : (r + 1) * share`` of the global batch.
+        Both are int64 tensors of shape ``[rows, seq_len]``. ``split`` gives every rank's
+        row count (uneven local batches, summing to ``global_batch``); None = the even
+        ``global_batch // world``. Rank ``r`` gets rows ``sum(split[:r]) : sum(split[:r+1])``
+        of the global batch. The position advances by the whole global batch whatever the
+        split, so a resume with any split or world size serves every window exactly once.
         """
         if not isinstance(global_batch, int) or global_batch < 1:
             raise DataError(
@@ -124,12 +129,19 @@ class PackedDataset:
             )
         if world < 1 or not 0 <= rank < world:
             raise DataError(f"data: rank {rank} is not in a world of size {world}")
-        if global_batch % world:
+        if split is None:
+            if global_batch % world:
+                raise DataError(
+                    f"train.global_batch_size: {global_batch} is not divisible by the {world} data-parallel ranks"
+                )
+            split = [global_batch // world] * world
+        elif len(split) != world or sum(split) != global_batch or min(split) < 1:
             raise DataError(
-                f"train.global_batch_size: {global_batch} is not divisible by the {world} data-parallel ranks"
+                f"train.batch_split: must have {world} entries >= 1 summing to "
+                f"{global_batch}, got {list(split)!r}"
             )
-        share = global_batch // world
-        return self.windows(self._take(global_batch)[rank * share : (rank + 1) * share])
+        start = sum(split[:rank])
+        return self.windows(self._take(global_batch)[start : start + split[rank]])
 
     def windows(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The windows ``indices`` as (inputs, labels), int64 ``[len(indices), seq_len]``;

@@ -8,11 +8,21 @@ the global batch, however it is split over ranks and micro-batches. Each micro-b
 backpropagates its summed token loss times ``gradient_ranks / tokens_in_global_batch``
 and FSDP2 / DDP average over the ``dp x cp`` ranks, so the gradient is exactly that of the
 full-batch mean. Tensor-parallel ranks hold the same tokens and count them once.
+
+Because each token's loss enters with the same factor wherever it sits, the gradient stays
+exact for uneven local batches too (``train.batch_split``, ``parallel.batch_split``): a
+rank with 5 rows and one with 3 sum the same token losses as two with 4 or one process
+with 8, so no per-rank reweighting (Gimbal's ``local_bs * world / global_bs``) is needed.
+Every rank runs the same number of micro-batches (``batch_split.microbatch_count``), which
+FSDP2's per-forward all-gathers require; a rank's rows are cut into that many nearly equal
+chunks. (The MoE load-balance term is a per-micro-batch statistic, averaged over the
+micro-batches and ranks: a regulariser that depends on the split, as it does on ``mbs``.)
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
@@ -20,6 +30,7 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 
+from legato.parallel.batch_split import chunk_sizes, even_split, microbatch_count
 from legato.parallel.fsdp import gradient_sync, unwrap
 from legato.parallel.job import Job
 from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
@@ -44,32 +55,37 @@ class DataParallelStep:
         self.dp_group = submesh(mesh, "dp").get_group() if job.strategy.dp > 1 else None
         many = job.gradient_ranks > 1
         self.gradient_group = submesh(mesh, GRADIENT_DIM).get_group() if many else None
-        self.aux_coef = aux_loss_coef / job.microbatches
+        self.aux_loss_coef = aux_loss_coef
+        self.even_split = even_split(job.strategy.gbs, job.strategy.dp)
 
-    def forward_backward(self, inputs: Tensor, labels: Tensor) -> float:
-        """This rank's rows (``gbs / dp``) in ``microbatches`` micro-batches; returns the
-        global batch's mean loss, the same on every rank."""
+    def forward_backward(
+        self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
+    ) -> float:
+        """This rank's rows in ``microbatch_count(split, mbs)`` micro-batches; returns the
+        global batch's mean loss, the same on every rank. ``split``: every dp rank's row
+        count this step (the same list on all ranks); None = the even ``gbs / dp``."""
         job, model = self.job, self.module
+        steps = microbatch_count(split or self.even_split, job.strategy.mbs)
+        sizes = chunk_sizes(len(inputs), steps)
+        aux_coef = self.aux_loss_coef / steps
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         count = _sum((labels != IGNORE_INDEX).sum(), self.dp_group)  # cp ranks: same rows
         if self.laid_out.context is not None:  # this rank's zigzag share of each sequence
             inputs, labels, _ = self.laid_out.context.shard(inputs, labels)
         scale = job.gradient_ranks / max(int(count.item()), 1)
         loss_sum = torch.zeros((), device=self.device)
-        micro, steps = job.strategy.mbs, job.microbatches
-        for i in range(steps):
-            rows = slice(i * micro, (i + 1) * micro)
+        for i, (rows_in, rows_out) in enumerate(
+            zip(inputs.split(sizes), labels.split(sizes), strict=True)
+        ):
             with (
                 gradient_sync(model, i == steps - 1, job.strategy.zero),
                 self.laid_out.step_context(),
             ):
-                token_loss = token_loss_sum(
-                    model, inputs[rows], labels[rows], job.strategy.loss_chunk
-                )
+                token_loss = token_loss_sum(model, rows_in, rows_out, job.strategy.loss_chunk)
                 objective = token_loss * scale
-                aux = unwrap(model).moe_aux_loss() if self.aux_coef else None
+                aux = unwrap(model).moe_aux_loss() if aux_coef else None
                 if aux is not None:
-                    objective = objective + self.aux_coef * aux.float()
+                    objective = objective + aux_coef * aux.float()
                 objective.backward()
             loss_sum += token_loss.detach()
         return _sum(loss_sum, self.gradient_group).item() / max(int(count.item()), 1)

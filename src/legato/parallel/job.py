@@ -26,7 +26,9 @@ Micro-batches per step on each pipeline (data-parallel replica)::
     m = gbs / (mbs * dp)
 
 the gradient-accumulation count when ``pp = 1`` and the schedule's micro-batch count when
-``pp > 1``.
+``pp > 1``. That is the even split, which ``legato predict`` and the cost model price; with
+uneven local batches (``train.batch_split``, pp = 1 only) the step runs
+``batch_split.microbatch_count`` micro-batches instead, at least as many.
 """
 
 from __future__ import annotations
@@ -126,6 +128,8 @@ class Job:
 
     @property
     def microbatches(self) -> int:
+        """Micro-batches per step of the even split (``gbs / (mbs * dp)``), the count the
+        prediction prices; a ``train.batch_split`` may run more (``batch_split``)."""
         return self.strategy.num_microbatches
 
     def describe(self) -> str:

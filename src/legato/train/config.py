@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from legato.errors import ConfigError, SpecError
+from legato.parallel.batch_split import FIELD as BATCH_SPLIT
+from legato.parallel.batch_split import check_batch_split
 from legato.parallel.job import AUTO, Job, owned_by_train, parse_strategy, resolve_job
 from legato.specs.dtypes import FP8_TRAIN_DTYPES
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
@@ -135,6 +137,15 @@ class TrainSection:
     global_batch_size: int = _doc(12, "sequences per optimizer step, summed over all ranks")
     micro_batch_size: int = _doc(
         6, "sequences per forward/backward; micro-batches per step = global / (micro x dp)"
+    )
+    batch_split: list[int] = field(
+        default_factory=list,
+        metadata={
+            "doc": "each data-parallel rank's local batch, e.g. [5, 3] (Gimbal's sample "
+            "stealing): sums to global_batch_size, every entry >= the micro-batches per "
+            "step (max of ceil(entry / micro)); pp = 1 only; the prediction prices the "
+            "even split; [] = the even split"
+        },
     )
     dtype: Literal["fp32", "bf16", "fp8", "fp8-rowwise"] = _doc(
         "fp32",
@@ -257,6 +268,10 @@ class TrainConfig:
         for name, value in owned_by_train(self.parallel.strategy).items():
             setattr(self.train, name, value)
         self.train.__post_init__()
+        if self.train.batch_split:  # against the batch sizes a pasted strategy may have set
+            check_batch_split(
+                self.train.batch_split, self.train.global_batch_size, self.train.micro_batch_size
+            )
         _require(
             not self.train.eval_every or self.data.holdout > 0,
             "train.eval_every",
@@ -287,6 +302,14 @@ class TrainConfig:
                 "train.moe_aux_loss_coef: the pipeline runtime does not add the MoE "
                 "load-balance loss yet; set it to 0 or use pp = 1"
             )
+        split = self.train.batch_split
+        if split and job.strategy.pp > 1:
+            raise ConfigError(
+                f"{BATCH_SPLIT}: must be [] with pp > 1 (a pipeline schedule runs equal "
+                f"micro-batches on every replica), got {split!r}"
+            )
+        if split:
+            check_batch_split(split, job.strategy.gbs, job.strategy.mbs, job.strategy.dp)
         return job
 
     def to_dict(self) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 A signal during set-up aborts at once (``Interrupted``): nothing has been trained, and
 every file written so far was written atomically. Once the loop runs, a signal only sets
-a flag; at the end of each step the ranks agree on it (``Trainer._stop_requested``), so
+a flag; at the end of each step the ranks agree on it (``Trainer._agree_next_step``), so
 all of them stop after the same step, checkpoint it and write the summary and the plot.
 A process stopped this way exits with ``EXIT_INTERRUPTED`` (128 + SIGINT, the shell's
 code for Ctrl-C), whichever of the two signals it got.

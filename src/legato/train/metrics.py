@@ -32,6 +32,7 @@ class StepMetrics:
     mfu: float | None
     peak_memory_bytes: int
     predicted_step_time_s: float | None = None  # the cost model's, for this job
+    batch_split: list[int] | None = None  # each data-parallel rank's rows this step
 
 
 @dataclass

@@ -20,7 +20,7 @@ runner into ``m = gbs / (mbs * dp)`` micro-batches):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -73,9 +73,13 @@ class PipelineStep:
         copy = id(stage.output_embedding.weight)
         return [p for p in self.params if id(p) != copy]
 
-    def forward_backward(self, inputs: Tensor, labels: Tensor) -> float:
+    def forward_backward(
+        self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
+    ) -> float:
         """Run the schedule over this replica's rows; gradients summed over dp. Returns the
-        global batch's mean loss (the same on every rank)."""
+        global batch's mean loss (the same on every rank). ``split`` (the step interface's
+        rows per dp rank) is the even one here: ``train.batch_split`` needs pp = 1, as the
+        schedule runs equal micro-batches on every replica."""
         device = self.ctx.device
         inputs, labels = inputs.to(device), labels.to(device)
         count = (labels != IGNORE_INDEX).sum()

@@ -9,8 +9,9 @@ Every config field is in one of three classes:
   resolved ``ModelSpec`` must equal the checkpoint's (a preset moved to a file is fine)
   and the token stream's fingerprint must (a data file moved elsewhere is fine).
 * ``CHANGEABLE``: applied from the resume step on and recorded. That includes the layout
-  (``parallel.*``, ``train.micro_batch_size``, ``train.device``): DCP reshards a
-  checkpoint into any layout and the global batch stays the same.
+  (``parallel.*``, ``train.micro_batch_size``, ``train.batch_split``, ``train.device``): DCP
+  reshards a checkpoint into any layout, the global batch stays the same and the data
+  position counts whole global batches.
 
 The run directory keeps ``config.toml`` as its first invocation wrote it, and
 ``invocations.jsonl`` one line per invocation: when, the step it started from, the
@@ -50,6 +51,7 @@ CHANGEABLE = frozenset(
         *(f"optim.{f.name}" for f in dataclasses.fields(OptimSection)),
         "train.steps",
         "train.micro_batch_size",
+        "train.batch_split",
         "train.fp8_all_gather",
         "train.device",
         "train.moe_aux_loss_coef",

@@ -5,7 +5,8 @@ built from it (``parallel.mesh``) and the model is laid out by ``parallel.parall
 The loop sees one step interface: ``parallel.data_parallel_step.DataParallelStep`` without
 a pipeline, ``parallel.pipeline_step.PipelineStep`` with one. Both keep the same loss
 convention (the mean over every label token of the global batch, whatever the split), so
-every layout reproduces one process step for step.
+every layout reproduces one process step for step, and so does any ``train.batch_split``,
+which ``Trainer.set_batch_split`` changes between steps while ``fit()`` runs.
 """
 
 from __future__ import annotations
@@ -14,8 +15,11 @@ import contextlib
 import dataclasses
 import json
 import math
+import operator
 import sys
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +35,8 @@ from legato.data import PackedDataset, Tokenizer
 from legato.errors import CheckpointError, ConfigError, DataError, LegatoError
 from legato.models import build_model
 from legato.moe import end_step
+from legato.parallel.batch_split import FIELD as BATCH_SPLIT
+from legato.parallel.batch_split import check_batch_split, even_split, microbatch_count
 from legato.parallel.data_parallel_step import DataParallelStep
 from legato.parallel.fp8 import apply_fp8, compute_dtype
 from legato.parallel.job import AUTO, Job
@@ -98,6 +104,38 @@ class Trainer:
                 f"data.seq_len: must be <= the model's seq_len ({self.spec.seq_len}), "
                 f"got {self.seq_len}"
             )
+        self.batch_split: list[int] | None = None  # each dp rank's rows, once fit() has a Job
+        self._pending_split: list[int] | None = None
+        self._split_lock = threading.Lock()
+
+    def set_batch_split(self, split: Sequence[int]) -> None:
+        """Train on ``split`` (each dp rank's local batch, as ``train.batch_split``) from
+        the next step on, without a restart (Gimbal's input-sample stealing).
+
+        Callable from another thread while ``fit()`` runs (a Ray actor's). All ranks
+        switch at the same step: at the end of each step rank 0's latest pending split
+        rides the one all-reduce that already tells every rank whether to stop, so the
+        caller may call every rank's trainer or rank 0's only (other ranks' calls are
+        checked, then dropped). A split ``train.batch_split`` would refuse, pp > 1, or a
+        call before ``fit()`` has resolved the layout is a ConfigError and changes
+        nothing. The split is not checkpointed: a restart begins at ``train.batch_split``.
+        """
+        current = self.batch_split
+        if current is None:
+            raise ConfigError(
+                f"{BATCH_SPLIT}: set_batch_split needs the layout fit() resolves; call it "
+                "once training has started, or set train.batch_split"
+            )
+        if self.strategy.pp > 1:
+            raise ConfigError(f"{BATCH_SPLIT}: cannot change with pp > 1, got {list(split)!r}")
+        try:
+            rows = [operator.index(n) for n in split]
+        except TypeError:
+            raise ConfigError(f"{BATCH_SPLIT}: must be a list of integers, got {split!r}") from None
+        train = self.config.train
+        check_batch_split(rows, train.global_batch_size, train.micro_batch_size, len(current))
+        with self._split_lock:
+            self._pending_split = rows
 
     def fit(self) -> TrainResult:
         """Train; a SIGINT/SIGTERM stops it cleanly (``interrupt``): during set-up by
@@ -120,6 +158,7 @@ class Trainer:
         self.job = cfg.job(self.spec, ctx.world_size)
         self.job, why_not = self._predict(self.job, ctx)
         self.strategy = self.job.strategy
+        self.batch_split = cfg.train.batch_split or even_split(self.strategy.gbs, self.strategy.dp)
         ctx.mesh = build_mesh(self.job, ctx.device.type)
         run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
         self.dataset, self.eval_set, tokenizer = self._load_data()
@@ -251,14 +290,17 @@ class Trainer:
         how = "one process"
         if ctx.distributed:
             how = f"{ctx.world_size} processes, {self.job.describe()} over {ctx.backend}"
+        micro, split = cfg.train.micro_batch_size, self.batch_split
+        batch = f"dp {ctx.dp_size} x micro {micro} x {self.job.microbatches} micro-batches"
+        if cfg.train.batch_split:
+            batch = f"split {split} in {microbatch_count(split, micro)} micro-batches of <= {micro}"
         return (
             f"model {spec.name}: {self.num_params / 1e6:.2f}M params, {spec.num_layers} layers, "
             f"hidden {spec.hidden_size} | data: {len(self.dataset.tokens):,} tokens "
             f"({tokenizer_name}), {self.dataset.num_sequences:,} sequences of {self.seq_len} | "
             f"{how} on {ctx.device.type}, {torch.get_num_threads()} threads/process | batch "
-            f"{cfg.train.global_batch_size} = dp {ctx.dp_size} x micro {cfg.train.micro_batch_size} "
-            f"x {self.job.microbatches} micro-batches | {cfg.train.dtype} | {cfg.train.steps} steps | "
-            f"run dir {run_dir}"
+            f"{cfg.train.global_batch_size} = {batch} | {cfg.train.dtype} | {cfg.train.steps} "
+            f"steps | run dir {run_dir}"
         )
 
     # ------------------------------------------------------------------ the loop
@@ -273,10 +315,11 @@ class Trainer:
         for step in range(start + 1, total + 1):
             began = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
+            split = self.batch_split
             inputs, labels = self.dataset.next_batch(
-                cfg.train.global_batch_size, ctx.dp_rank, ctx.dp_size
+                cfg.train.global_batch_size, ctx.dp_rank, ctx.dp_size, split
             )
-            loss, grad_norm = self._train_step(inputs, labels)
+            loss, grad_norm = self._train_step(inputs, labels, split)
             elapsed = time.perf_counter() - began
             if not math.isfinite(loss):
                 raise ConfigError(
@@ -297,6 +340,7 @@ class Trainer:
                 else None,
                 peak_memory_bytes=peak_memory_bytes(ctx.device),
                 predicted_step_time_s=predicted,
+                batch_split=split,
             )
             result.steps.append(step)
             result.losses.append(loss)
@@ -308,17 +352,29 @@ class Trainer:
                 self._evaluate(step, log)
             if every and (step % every == 0 or step == total):
                 result.checkpoint, saved = self._save(run_dir, step), step
-            if step < total and self._stop_requested():
+            if step < total and self._agree_next_step(step):
                 result.interrupted = True
                 if every and saved != step:  # save this step, even between checkpoints
                     result.checkpoint = self._save(run_dir, step)
                 break
         return result
 
-    def _stop_requested(self) -> bool:
-        """Whether any rank got a stop signal: one tiny all-reduce, so all agree."""
-        flag = torch.tensor([float(self.signals.received is not None)], device=self.ctx.device)
-        return bool(self.ctx.all_reduce_sum(flag).item() > 0)
+    def _agree_next_step(self, step: int) -> bool:
+        """What every rank does after ``step``, in one tiny all-reduce: the batch split
+        (rank 0's pending one, if any; the others add zeros) and whether to stop (any rank
+        got a stop signal), which is returned."""
+        with self._split_lock:
+            pending, self._pending_split = self._pending_split, None
+        mine = pending if pending and self.ctx.is_main else [0] * len(self.batch_split)
+        stop = int(self.signals.received is not None)
+        flags = torch.tensor([stop, *mine], dtype=torch.int64, device=self.ctx.device)
+        agreed = self.ctx.all_reduce_sum(flags).tolist()
+        if any(agreed[1:]) and agreed[1:] != self.batch_split:
+            self.progress.message(
+                f"step {step + 1}: {BATCH_SPLIT} {self.batch_split} -> {agreed[1:]}"
+            )
+            self.batch_split = agreed[1:]
+        return agreed[0] > 0
 
     def _evaluate(self, step: int, log: MetricsLog | None) -> None:
         """Validation loss on the held-out windows, averaged over every rank's tokens."""
@@ -341,9 +397,12 @@ class Trainer:
             f"step {step}: validation loss {result.loss:.4f}, perplexity {result.perplexity:.2f}"
         )
 
-    def _train_step(self, inputs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-        """Forward/backward over the micro-batches, then clip and update; (loss, grad norm)."""
-        loss = self.step.forward_backward(inputs, labels)
+    def _train_step(
+        self, inputs: torch.Tensor, labels: torch.Tensor, split: list[int]
+    ) -> tuple[float, float]:
+        """Forward/backward over the micro-batches (``split``: every dp rank's rows), then
+        clip and update; (loss, grad norm)."""
+        loss = self.step.forward_backward(inputs, labels, split)
         norm = self.step.clip_grad_norm(self.config.optim.grad_clip or math.inf)
         self.optimizer.step()
         self.scheduler.step()
