@@ -10,7 +10,7 @@ and FSDP2 / DDP average over the ``dp x cp`` ranks, so the gradient is exactly t
 full-batch mean. Tensor-parallel ranks hold the same tokens and count them once.
 
 Because each token's loss enters with the same factor wherever it sits, the gradient stays
-exact for uneven local batches too (``train.batch_split``, ``parallel.batch_split``): a
+exact for uneven local batches too (``train.batch_split``; the rules in ``parallel/batch_split.py``): a
 rank with 5 rows and one with 3 sum the same token losses as two with 4 or one process
 with 8, so no per-rank reweighting (Gimbal's ``local_bs * world / global_bs``) is needed.
 Every rank runs the same number of micro-batches (``batch_split.microbatch_count``), which
