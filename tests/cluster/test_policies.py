@@ -9,6 +9,7 @@ from legato.cluster.placement import Placement, tenants
 from legato.cluster.policies import make_policy
 from legato.cluster.policies.gimbal import Gimbal
 from legato.cluster.policies.lucid import MIN_SPEED
+from legato.cluster.simulator import JobProgress
 from legato.errors import ConfigError
 
 LM = "LM (batch size 10)"
@@ -91,3 +92,19 @@ def test_gimbal_objective_is_checked():
         ConfigError, match="--objective: unknown objective 'fast'; choose one of jct"
     ):
         Gimbal(objective="fast")
+
+
+def test_tiresias_ranks_by_attained_service_then_arrival(workloads):
+
+    old = job(workloads, "old", R18, 1e5)
+    first = job(workloads, "first", R18, 1e3, arrival_s=10)
+    second = job(workloads, "second", R18, 1e3, arrival_s=20)
+    view = view_of(workloads, [old, first, second], 1, now=600, running={"old": Placement((0,))})
+    view.active[0].attained_gpu_s = 5000.0  # past the 1 GPU-hour queue boundary
+    assert make_policy("tiresias").assign(view) == {"first": Placement((0,))}
+    # a job that waited more than 4x its run time is promoted back to the first queue
+    starved = JobProgress(job(workloads, "starved", R18, 1e5), attained_gpu_s=4000.0)
+    view = view_of(workloads, [first], 1, now=100_000)
+    view.active.insert(0, starved)
+    view.jobs["starved"] = starved.job
+    assert list(make_policy("tiresias").assign(view)) == ["starved"]
