@@ -27,9 +27,11 @@ def job(
     )
 
 
-def view_of(workloads, jobs, devices, now=0.0, running=None, per_node=None) -> ClusterView:
+def view_of(
+    workloads, jobs, devices, now=0.0, running=None, per_node=None, at_round=False
+) -> ClusterView:
     """The view a policy gets: ``jobs`` arrived, ``running`` {name: Placement} placed."""
     running = running or {}
     active = [JobProgress(j, placement=running.get(j.name)) for j in jobs]
     shape = ClusterShape(devices // (per_node or devices), per_node or devices)
-    return ClusterView(now, shape, workloads, active, {j.name: j for j in jobs})
+    return ClusterView(now, shape, workloads, active, {j.name: j for j in jobs}, at_round)

@@ -19,14 +19,16 @@ def job(name: str, job_type: str, workers: int = 1, steps: float = 1e4) -> Clust
     return ClusterJob(name=name, job_type=job_type, workers=workers, steps=steps)
 
 
-def view_of(workloads, now, devices, running, waiting) -> ClusterView:
-    """``running``: (job, devices, since_s); ``waiting``: jobs; one node of ``devices``."""
+def view_of(workloads, now, devices, running, waiting, round_s=300.0) -> ClusterView:
+    """``running``: (job, devices, since_s); ``waiting``: jobs; one node of ``devices``; a
+    round ends at every multiple of ``round_s``."""
     active = [
         JobProgress(j, placement=Placement(d), started_s=since, since_s=since, last_run_s=now)
         for j, d, since in running
     ] + [JobProgress(j) for j in waiting]
     jobs = {p.name: p.job for p in active}
-    return ClusterView(now, ClusterShape(1, devices), workloads, active, jobs)
+    at_round = now > 0 and now % round_s == 0
+    return ClusterView(now, ClusterShape(1, devices), workloads, active, jobs, at_round)
 
 
 def gain(workloads, a: str, b: str) -> float:

@@ -76,7 +76,7 @@ def test_lp_skipped_when_everyone_fits(workloads, monkeypatch):
 
 def test_a_running_job_keeps_its_devices_at_a_round(workloads):
     jobs = [job(workloads, "a", A3C, 1000.0), job(workloads, "b", R18, 300.0)]
-    view = view_of(workloads, jobs, 2, now=360.0, running={"a": Placement((1,))})
+    view = view_of(workloads, jobs, 2, now=360.0, running={"a": Placement((1,))}, at_round=True)
     assert Gavel().assign(view) == {"a": Placement((1,)), "b": Placement((0,))}
 
 

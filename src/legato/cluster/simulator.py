@@ -59,6 +59,7 @@ class ClusterView:
     workloads: Workloads
     active: list[JobProgress]
     jobs: dict[str, ClusterJob]
+    at_round: bool = False  # this decision ends one of the policy's rounds
 
     @property
     def running(self) -> list[JobProgress]:
@@ -121,6 +122,7 @@ def simulate(
     active: list[JobProgress] = []
     now, nxt, finished = 0.0, 0, 0
     next_round = policy.round_s if policy.round_s else math.inf
+    at_round = False
     for _ in range(MAX_EVENTS_PER_JOB * len(jobs)):
         while nxt < len(arrivals) and arrivals[nxt].arrival_s <= now:
             active.append(states[arrivals[nxt].name])
@@ -130,7 +132,7 @@ def simulate(
                 return result
             now = arrivals[nxt].arrival_s
             continue
-        view = ClusterView(now, shape, workloads, active, by_name)
+        view = ClusterView(now, shape, workloads, active, by_name, at_round)
         assignment = policy.assign(view)
         result.decisions += 1
         check_assignment(
@@ -150,7 +152,8 @@ def simulate(
             )
         _advance(active, rates, step, now, result)
         now += step
-        if now >= next_round:
+        at_round = now >= next_round
+        if at_round:
             next_round = now + policy.round_s
         done = [p for p in active if p.placement is not None and p.remaining <= 1e-9 * p.job.steps]
         for state in done:

@@ -30,8 +30,6 @@ simulator's rounds, not at Gandiva's per-GPU minibatch boundaries.
 
 from __future__ import annotations
 
-import math
-
 from legato.cluster.jobs import ClusterJob
 from legato.cluster.placement import Assignment, Placement, tenants
 from legato.cluster.policies.common import place_exclusive
@@ -58,13 +56,8 @@ class Gandiva:
 
     def __init__(self, round_s: float = ROUND_S) -> None:
         self.round_s = round_s
-        self._last_round = -1  # index of the last round that time-sliced
-        self._last_now = -math.inf
 
     def assign(self, view: ClusterView) -> Assignment:
-        if view.now < self._last_now:  # a new simulation with this object
-            self._last_round = -1
-        self._last_now = view.now
         assignment = view.current()
         waiting = sorted(view.waiting, key=_waiting_since)
         place_exclusive(view, assignment, waiting, backfill=True)
@@ -74,7 +67,7 @@ class Gandiva:
             if host is not None:
                 assignment[state.name] = Placement(assignment[host].devices)
         left = [s for s in left if s.name not in assignment]
-        if left and self._round_due(view.now):
+        if left and view.at_round:
             self._time_slice(view, assignment, left)
         return assignment
 
@@ -121,16 +114,6 @@ class Gandiva:
             gain = pack_gain(view, job, view.jobs[partner])
             if gain is None or gain <= 1.0:
                 return False
-        return True
-
-    def _round_due(self, now: float) -> bool:
-        """Whether ``now`` is a round boundary not yet time-sliced (the simulator calls the
-        policy at every multiple of ``round_s``)."""
-        index = round(now / self.round_s)
-        due = index >= 1 and abs(now - index * self.round_s) <= 1e-6 * self.round_s
-        if not due or index == self._last_round:
-            return False
-        self._last_round = index
         return True
 
 

@@ -84,13 +84,12 @@ class Gavel:
         self._allocation: dict[Combination, float] = {}
         self._since: dict[Combination, float] = {}  # when each was first allocated
         self._last_now = 0.0
-        self._last_round = -1
 
     def assign(self, view: ClusterView) -> Assignment:
         if view.now < self._last_now:  # a new simulation with this object
             self._reset()
         self._credit(view)
-        round_due = self._round_due(view.now)
+        round_due = view.at_round
         fixed = {} if round_due else view.current()
         has_free = len(free_devices(view.shape, fixed)) > 0
         unplaced = [s.name for s in view.active if s.name not in fixed]
@@ -276,16 +275,6 @@ class Gavel:
             return
         for combo in _combinations(view.current()):
             self._received[combo] = self._received.get(combo, 0.0) + elapsed
-
-    def _round_due(self, now: float) -> bool:
-        """Whether ``now`` is a round boundary not yet seen (the simulator calls the policy
-        at every multiple of ``round_s``)."""
-        index = round(now / self.round_s)
-        due = index >= 1 and abs(now - index * self.round_s) <= 1e-6 * self.round_s
-        if not due or index == self._last_round:
-            return False
-        self._last_round = index
-        return True
 
 
 def _combinations(assignment: Assignment) -> dict[Combination, tuple[int, ...]]:
