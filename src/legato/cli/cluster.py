@@ -1,6 +1,7 @@
 """``legato cluster``: pack training jobs onto shared devices.
 
 * ``simulate``: replay a trace (Philly CSV format; default the bundled 2,000-job window)
+  or a jobs TOML
   under one or more policies on a simulated cluster; a table, or ``--json`` (one object per
   policy), and ``--png`` for the JCT CDF and the device-occupancy timeline. Progress goes to
   stderr.
@@ -17,7 +18,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from legato.cluster.jobs import ClusterShape
+from legato.cluster.jobs import ClusterShape, read_jobs_file
 from legato.cluster.policies import POLICIES, make_policy
 from legato.cluster.policies.gimbal import OBJECTIVES, Gimbal
 from legato.cluster.report import metrics, render
@@ -33,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands.required = True
     sim = commands.add_parser("simulate", help="replay a job trace under packing policies")
     sim.add_argument("--trace", help="jobs in the Philly CSV format (default: bundled sample)")
+    sim.add_argument(
+        "--jobs-file",
+        help="a jobs TOML ([cluster] and [[job]] tables) instead of a trace; sets the cluster",
+    )
     sim.add_argument(
         "--policy",
         default="gimbal",
@@ -76,10 +81,15 @@ def _simulate(args: argparse.Namespace, _extra: list[str]) -> int:
         raise ConfigError(f"--restart-s: must be >= 0, got {args.restart_s}")
     policies = _policies(args.policy, args.objective)
     workloads = load_workloads(args.colocation, args.profiles, args.gpu)
-    shape = ClusterShape.of_gpus(args.gpus, args.per_node)
-    jobs = trace_jobs(
-        args.trace or default_trace(), workloads, args.jobs, args.seed, args.load, shape.devices
-    )
+    if args.jobs_file:
+        if args.trace:
+            raise ConfigError("--jobs-file: give a jobs file or a --trace, not both")
+        shape, jobs = read_jobs_file(args.jobs_file, workloads)
+    else:
+        shape = ClusterShape.of_gpus(args.gpus, args.per_node)
+        jobs = trace_jobs(
+            args.trace or default_trace(), workloads, args.jobs, args.seed, args.load, shape.devices
+        )
     results = []
     columns = (
         TextColumn("{task.description}"),
@@ -107,9 +117,8 @@ def _simulate(args: argparse.Namespace, _extra: list[str]) -> int:
         out = rows[0] if len(rows) == 1 else rows
         print(json.dumps(out, indent=2))
         return 0
-    table = Table(
-        box=box.SIMPLE, title=f"{len(jobs)} jobs on {shape.devices} devices, load {args.load:g}"
-    )
+    title = f"{len(jobs)} jobs on {shape.devices} devices"
+    table = Table(box=box.SIMPLE, title=title if args.jobs_file else f"{title}, load {args.load:g}")
     for column in (
         "policy",
         "mean JCT h",
