@@ -140,6 +140,8 @@ def test_cluster_user_files(tmp_path):
         (16, 12.5, 10),
     ]
     assert load_cluster(path, nodes=2).world_size == 8
+    # its own unnamed link is not labelled with the device's ("NVLink 4 ...")
+    assert lab.levels[0].name == "intra-node (100 GB/s per direction)"
     # A supernode level; the intra-node link defaults to the device's own.
     table = {"device": "ascend-910c", "nodes": 4, "devices_per_node": 8,
              "supernode": {"bandwidth_gbps": 392, "latency_us": 3, "nodes": 2},

@@ -179,7 +179,9 @@ def _assemble(table: _ClusterTable, nodes: int, per_node: int) -> ClusterSpec:
     device = load_device(table.device)
     world = nodes * per_node
     intra = table.intra_node or device.link
-    levels = [_level("intra_node", intra, intra.name or device.link.name, per_node)]
+    # an unnamed link of the user's own is named by its figures, not by the device's link
+    label = intra.name or f"intra-node ({intra.bandwidth_gbps:g} GB/s per direction)"
+    levels = [_level("intra_node", intra, label, per_node)]
     covered_nodes = 1
     if table.supernode is not None:
         sn = table.supernode
