@@ -141,9 +141,15 @@ def test_axes_sharing_a_link_share_its_bandwidth():
     assert pooled["dp"] + pooled["cp"] == pytest.approx(3.0)  # 6 s of traffic, 3 s window
     both = [Traffic("pp", "ib", 1.0), Traffic("dp", "ib", 1.5, window=3.0)]
     # Background traffic keeps the link half busy during its 3 s window: the critical
-    # traffic inside that window (all of it when the step is 3 s) runs at half speed.
-    assert exposed_seconds(both, span=3.0)["pp"] == pytest.approx(1.5)
-    assert exposed_seconds(both, span=12.0)["pp"] == pytest.approx(1.125)
+    # traffic inside that window (all of it when the step is 3 s) runs at half speed, a
+    # delay charged to the background axis (no axis exposed beyond its own traffic).
+    short, long = exposed_seconds(both, span=3.0), exposed_seconds(both, span=12.0)
+    assert short["pp"] == long["pp"] == pytest.approx(1.0)
+    assert short["dp"] == pytest.approx(0.5) and long["dp"] == pytest.approx(0.125)
+    # critical traffic longer than the step's compute: the delay is bounded by the
+    # background traffic itself, which is then fully exposed, never more
+    heavy = exposed_seconds([Traffic("tp", "ib", 10.0), Traffic("dp", "ib", 1.0, window=2.0)], 2.0)
+    assert heavy == pytest.approx({"tp": 10.0, "dp": 1.0})
     apart = [Traffic("pp", "nvlink", 1.0), Traffic("dp", "ib", 1.5, window=3.0)]
     assert exposed_seconds(apart, span=3.0)["pp"] == pytest.approx(1.0)
 

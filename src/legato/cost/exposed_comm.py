@@ -12,7 +12,10 @@ split in proportion to each axis's traffic. Critical traffic on a level that als
 hidden background traffic gets a fair half of the link while both are active: the part of
 it that falls inside the window (``window / span`` of it, ``span`` being the step's
 compute, over which critical traffic is spread) is slowed by ``1 + u``, ``u`` the share of
-the window the background traffic keeps busy.
+the window the background traffic keeps busy. That delay is charged to the background axes
+that cause it (in proportion to their traffic); it is at most their hidden traffic (while
+both run, each gets half the link), so no axis is exposed for longer than its own traffic
+takes alone.
 """
 
 from __future__ import annotations
@@ -41,11 +44,16 @@ def exposed_seconds(traffic: list[Traffic], span: float) -> dict[str, float]:
         left = max(0.0, pooled - window)
         busy = min(1.0, (pooled - left) / window) if window > 0 else 0.0
         busy *= min(1.0, window / span) if span > 0 else 1.0
+        # sharing the link delays the critical traffic by at most the background traffic
+        # that overlaps it, the hidden part (each then gets half the link)
+        delay = min(busy * sum(x.seconds for x in on_level if x.window <= 0), pooled - left)
         for x in on_level:
             if x.window > 0:
                 share = left * x.seconds / pooled if pooled > 0 else 0.0
-                value = max(min(x.tail, x.seconds), share)
+                # the critical traffic it slows is charged to it, so that no axis is
+                # exposed for longer than its own traffic takes alone
+                value = max(min(x.tail, x.seconds), share) + delay * x.seconds / pooled
             else:
-                value = x.seconds * (1.0 + busy)
+                value = x.seconds
             exposed[x.axis] = exposed.get(x.axis, 0.0) + value
     return exposed
