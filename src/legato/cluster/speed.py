@@ -63,10 +63,11 @@ def _share(placement: Placement, worker: int) -> float | None:
 
 
 def step_time(
-    job: ClusterJob, placement: Placement, speeds: list[float], workloads: Workloads
+    job: ClusterJob, split: tuple[int, ...] | None, speeds: list[float], workloads: Workloads
 ) -> float:
-    """Seconds per optimizer step of ``job`` with these worker speeds."""
-    split = placement.split or even_split(job.local_batches(workloads), job.workers)
+    """Seconds per optimizer step of ``job`` with these worker speeds and local batches
+    (None = the even split)."""
+    split = split or even_split(job.local_batches(workloads), job.workers)
     slowest = max(
         workloads.worker_time(job.job_type, b) / s for b, s in zip(split, speeds, strict=True)
     )
@@ -79,7 +80,7 @@ def job_rates(
     """Job -> optimizer steps per second under this assignment."""
     speeds = worker_speeds(assignment, jobs, workloads)
     return {
-        name: 1.0 / step_time(jobs[name], placement, speeds[name], workloads)
+        name: 1.0 / step_time(jobs[name], placement.split, speeds[name], workloads)
         for name, placement in assignment.items()
     }
 

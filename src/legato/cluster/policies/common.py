@@ -58,7 +58,7 @@ def place_exclusive(
 
 def exclusive_rate(view: ClusterView, job: ClusterJob) -> float:
     """Steps/s of ``job`` alone on its own devices (the rate its duration is measured at)."""
-    return 1.0 / step_time(job, Placement(()), [1.0] * job.workers, view.workloads)
+    return 1.0 / step_time(job, None, [1.0] * job.workers, view.workloads)
 
 
 def estimated_remaining_s(view: ClusterView, state: JobProgress) -> float:

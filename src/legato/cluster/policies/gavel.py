@@ -55,9 +55,8 @@ import numpy as np
 from scipy.optimize import linprog
 from scipy.sparse import csr_matrix
 
-from legato.cluster.jobs import ClusterJob
 from legato.cluster.placement import Assignment, Placement, tenants
-from legato.cluster.policies.common import consolidated, free_devices
+from legato.cluster.policies.common import consolidated, exclusive_rate, free_devices
 from legato.cluster.simulator import ClusterView
 from legato.cluster.speed import job_rates
 from legato.cluster.workloads import Workloads
@@ -108,7 +107,7 @@ class Gavel:
         active = view.active
         if not active:
             return {}, 0.0
-        exclusive = {s.name: self._exclusive_rate(view, s.job) for s in active}
+        exclusive = {s.name: exclusive_rate(view, s.job) for s in active}
         need = {s.name: s.remaining / exclusive[s.name] for s in active}  # exclusive seconds
         if sum(s.job.workers for s in active) <= view.shape.devices:
             return {(s.name,): 1.0 for s in active}, max(need.values())
@@ -193,16 +192,8 @@ class Gavel:
             devices = tuple(range(jobs[0].workers))
             placed = {j.name: Placement(devices) for j in jobs}
             rates = job_rates(placed, {j.name: j for j in jobs}, view.workloads)
-            self._rates[key] = tuple(rates[j.name] / self._exclusive_rate(view, j) for j in jobs)
+            self._rates[key] = tuple(rates[j.name] / exclusive_rate(view, j) for j in jobs)
         return self._rates[key]
-
-    def _exclusive_rate(self, view: ClusterView, job: ClusterJob) -> float:
-        self._check_workloads(view.workloads)
-        key = ("alone", job.job_type, job.workers, job.global_batch)
-        if key not in self._rates:
-            placed = {job.name: Placement(tuple(range(job.workers)))}
-            self._rates[key] = (job_rates(placed, {job.name: job}, view.workloads)[job.name],)
-        return self._rates[key][0]
 
     def _check_workloads(self, workloads: Workloads) -> None:
         if workloads is not self._workloads:
