@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from legato.cluster.job_types import JobType, read_job_types
 from legato.cluster.workloads import Workloads
 from legato.errors import DataError
 from legato.specs.typed import read_table_file
@@ -93,8 +94,19 @@ _JOB_KEYS = {"name", "type", "workers", "steps", "arrival_s", "global_batch", "d
 def read_jobs_file(path: str | Path, workloads: Workloads) -> tuple[ClusterShape, list[ClusterJob]]:
     """A jobs TOML: ``[cluster] nodes, devices_per_node`` and one ``[[job]]`` table per job
     (``name``, ``type``, ``workers``, ``steps``, optional ``arrival_s``, ``global_batch``,
-    ``deadline_s``)."""
+    ``deadline_s``); a ``type`` may name one of the file's ``[type.NAME]`` tables
+    (``cluster/job_types.py``)."""
+    shape, jobs, _ = read_jobs_and_types(path, workloads)
+    return shape, jobs
+
+
+def read_jobs_and_types(
+    path: str | Path, workloads: Workloads | None
+) -> tuple[ClusterShape, list[ClusterJob], dict[str, JobType]]:
+    """``read_jobs_file`` and the file's legato job types; ``workloads`` None skips the
+    check of types against a speed table (``cluster profile`` is about to measure them)."""
     data = read_table_file(path, DataError)
+    types = read_job_types(data, path)
     cluster = data.get("cluster", {})
     shape = ClusterShape(
         nodes=cluster.get("nodes", 1), devices_per_node=cluster.get("devices_per_node", 1)
@@ -102,12 +114,15 @@ def read_jobs_file(path: str | Path, workloads: Workloads) -> tuple[ClusterShape
     tables = data.get("job", [])
     if not tables:
         raise DataError(f"{path}: no [[job]] tables; each job needs name, type, workers, steps")
-    jobs = [_job_from_table(i, table, path) for i, table in enumerate(tables)]
-    check_jobs(jobs, shape, workloads)
-    return shape, jobs
+    jobs = [_job_from_table(i, table, path, types) for i, table in enumerate(tables)]
+    if workloads is not None:
+        check_jobs(jobs, shape, workloads)
+    return shape, jobs, types
 
 
-def _job_from_table(index: int, table: dict, path: str | Path) -> ClusterJob:
+def _job_from_table(
+    index: int, table: dict, path: str | Path, types: dict[str, JobType]
+) -> ClusterJob:
     where = f"{path}: job {index + 1}"
     unknown = set(table) - _JOB_KEYS
     if unknown:
@@ -133,7 +148,7 @@ def _job_from_table(index: int, table: dict, path: str | Path) -> ClusterJob:
         raise DataError(f"{where}: global_batch must be an integer >= 1, got {batch!r}")
     return ClusterJob(
         name=str(table["name"]),
-        job_type=str(table["type"]),
+        job_type=types[name].key if (name := str(table["type"])) in types else name,
         workers=workers,
         steps=float(steps),
         arrival_s=float(arrival),

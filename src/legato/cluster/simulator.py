@@ -111,9 +111,11 @@ def simulate(
     policy: Policy,
     restart_s: float = RESTART_S,
     progress: Callable[[int, int], None] | None = None,
+    start_s: float = 0.0,
 ) -> SimulationResult:
     """Run ``policy`` over ``jobs`` to the last finish; ``progress(finished, total)`` is called
-    as jobs finish."""
+    as jobs finish. ``start_s`` is lost at a job's first start (a trace's durations already
+    hold it; a real run's start-up, as ``legato cluster profile`` measured it, does not)."""
     check_jobs(jobs, shape, workloads)
     by_name = {j.name: j for j in jobs}
     arrivals = sorted(jobs, key=lambda j: (j.arrival_s, j.name))
@@ -138,7 +140,7 @@ def simulate(
         check_assignment(
             assignment, by_name, shape, {n: by_name[n].local_batches(workloads) for n in assignment}
         )
-        _apply(active, assignment, now, restart_s)
+        _apply(active, assignment, now, restart_s, start_s)
         rates = job_rates(assignment, by_name, workloads)
         until = [arrivals[nxt].arrival_s - now if nxt < len(arrivals) else math.inf]
         until.append(next_round - now)
@@ -165,7 +167,9 @@ def simulate(
     raise RuntimeError(f"policy {policy.name!r}: no end after {MAX_EVENTS_PER_JOB} events per job")
 
 
-def _apply(active: list[JobProgress], assignment: Assignment, now: float, restart_s: float) -> None:
+def _apply(
+    active: list[JobProgress], assignment: Assignment, now: float, restart_s: float, start_s: float
+) -> None:
     for state in active:
         new = assignment.get(state.name)
         old = state.placement
@@ -173,6 +177,7 @@ def _apply(active: list[JobProgress], assignment: Assignment, now: float, restar
             state.since_s = now
             if state.started_s is None:
                 state.started_s = now
+                state.restart_left_s = start_s
             else:  # resumed after a preemption, or moved: restore from the checkpoint
                 state.restarts += 1
                 state.restart_left_s = restart_s

@@ -8,7 +8,7 @@ the full files (``--colocation``, ``--profiles``) instead of the sample bundled 
   (data-parallel, the same per-worker batch) and of each pair of single-worker types packed
   on one device. The pair's rates over the solo rates are the packing slowdowns; a ``[0, 0]``
   entry means the pair does not fit on one device. ``legato cluster profile`` writes a table
-  of legato's own jobs in the same shape.
+  of legato's own jobs in the same shape, and a profile per type named after it.
 - Pollux's profiles: step time as a function of the local batch on one device. A linear fit
   ``t(b) = a + c * b`` gives the *shape* of a job type's step time in its local batch (what
   sample stealing moves); Gavel's solo rate gives the scale at the type's reference batch.
@@ -141,17 +141,19 @@ def load_workloads(
     table_path = Path(colocation) if colocation else bundled("gavel_v100.json")
     solo, pairs = _read_gavel(table_path, gpu)
     folder = Path(profiles) if profiles else bundled("pollux")
-    by_model = {
-        name: _read_pollux(folder, name) for name in sorted(set(PROFILE_OF_FAMILY.values()))
-    }
+    by_model: dict[str, BatchCurve] = {}
     curves = {}
     for job_type, workers in solo:
         family = job_type.split(" (")[0]
-        if workers == 1 and family in PROFILE_OF_FAMILY:
-            curves[job_type] = by_model[PROFILE_OF_FAMILY[family]]
+        model = PROFILE_OF_FAMILY.get(family, family)  # legato's types are profiled by name
+        if workers == 1 and (family in PROFILE_OF_FAMILY or _profile_path(folder, model)):
+            if model not in by_model:
+                by_model[model] = _read_pollux(folder, model)
+            curves[job_type] = by_model[model]
     if not curves:
         raise DataError(
-            f"{table_path}: no job type of a known family ({', '.join(PROFILE_OF_FAMILY)})"
+            f"{table_path}: no job type of a known family ({', '.join(PROFILE_OF_FAMILY)}) "
+            f"or with a profile in {folder}"
         )
     return Workloads(solo=solo, pairs=pairs, curves=curves)
 
@@ -191,10 +193,15 @@ def _job_key(key: str, path: Path) -> tuple[str, int]:
     return str(job_type), int(workers)
 
 
+def _profile_path(folder: Path, model: str) -> Path | None:
+    for path in (folder / f"{model}.csv", folder / model / "placements.csv"):
+        if path.is_file():
+            return path
+    return None
+
+
 def _read_pollux(folder: Path, model: str) -> BatchCurve:
-    path = folder / f"{model}.csv"
-    if not path.is_file():
-        path = folder / model / "placements.csv"
+    path = _profile_path(folder, model) or folder / f"{model}.csv"
     try:
         with open(path, newline="", encoding="utf-8") as handle:
             rows = [r for r in csv.DictReader(handle) if r.get("placement", "1") == "1"]

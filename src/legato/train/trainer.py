@@ -107,6 +107,15 @@ class Trainer:
         self.batch_split: list[int] | None = None  # each dp rank's rows, once fit() has a Job
         self._pending_split: list[int] | None = None
         self._split_lock = threading.Lock()
+        self._stop_requested = threading.Event()
+        self.last_step = 0  # the newest finished step (read by a cluster executor's poll)
+
+    def request_stop(self) -> None:
+        """Stop after the step under way, as a stop signal would: every rank stops after
+        the same step and it is checkpointed (``checkpoint.every`` > 0). Callable from
+        another thread (a cluster executor preempting or moving the job); a call on any
+        rank stops all of them."""
+        self._stop_requested.set()
 
     def set_batch_split(self, split: Sequence[int]) -> None:
         """Train on ``split`` (each dp rank's local batch, as ``train.batch_split``) from
@@ -167,6 +176,7 @@ class Trainer:
         tokenizer_name = tokenizer.name
         self._build(ctx)
         start, resumed_from, changes, resumed = self._resume(run_dir)
+        self.last_step = start
         if ctx.is_main:  # the config as run, with the directory it ran in
             ran = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
             resume.record_invocation(run_dir, ran, start, resumed_from, changes)
@@ -344,6 +354,7 @@ class Trainer:
             )
             result.steps.append(step)
             result.losses.append(loss)
+            self.last_step = step
             if log is not None:
                 log.write(metrics)
             self.progress.update(metrics)
@@ -366,7 +377,7 @@ class Trainer:
         with self._split_lock:
             pending, self._pending_split = self._pending_split, None
         mine = pending if pending and self.ctx.is_main else [0] * len(self.batch_split)
-        stop = int(self.signals.received is not None)
+        stop = int(self.signals.received is not None or self._stop_requested.is_set())
         flags = torch.tensor([stop, *mine], dtype=torch.int64, device=self.ctx.device)
         agreed = self.ctx.all_reduce_sum(flags).tolist()
         if any(agreed[1:]) and agreed[1:] != self.batch_split:
