@@ -172,26 +172,22 @@ def _simulate(args: argparse.Namespace, _extra: list[str]) -> int:
     return 0
 
 
+_TIMES = {"mean JCT": "mean_jct_s", "p99 JCT": "p99_jct_s", "queueing": "mean_queueing_s",
+          "makespan": "makespan_s"}  # fmt: skip
+
+
 def _print_table(rows: list[dict], title: str) -> None:
+    """The metrics table, times in hours (a trace) or seconds (runs of minutes)."""
+    long = max(r["makespan_s"] for r in rows) >= 7200
+    unit, scale, digits = ("h", 3600.0, 2) if long else ("s", 1.0, 1)
     table = Table(box=box.SIMPLE, title=title)
-    for column in (
-        "policy",
-        "mean JCT h",
-        "p99 JCT h",
-        "queueing h",
-        "makespan h",
-        "util",
-        "deadlines",
-    ):
+    for column in ("policy", *(f"{name} {unit}" for name in _TIMES), "util", "deadlines"):
         table.add_column(column, justify="left" if column == "policy" else "right")
     for row in rows:
         met = row["deadlines_met"]
         table.add_row(
             row["policy"],
-            f"{row['mean_jct_s'] / 3600:.2f}",
-            f"{row['p99_jct_s'] / 3600:.2f}",
-            f"{row['mean_queueing_s'] / 3600:.2f}",
-            f"{row['makespan_s'] / 3600:.2f}",
+            *(f"{row[key] / scale:.{digits}f}" for key in _TIMES.values()),
             f"{row['utilization']:.0%}",
             "-" if met is None else f"{met:.0%}",
         )
@@ -244,12 +240,12 @@ def _run(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.cluster.executor import Executor
     from legato.cluster.ray_jobs import start_ray
 
-    meta = read_profile(args.profile)
-    workloads = load_workloads(meta["colocation"], meta["profiles"], meta["device"])
-    shape, jobs, types = _legato_jobs(args.jobs_file, workloads)
     if "," in args.policy or args.policy == "all":
         raise ConfigError("--policy: `cluster run` runs one policy at a time")
     policy = _policies(args.policy, args.objective)[0]
+    meta = read_profile(args.profile)
+    workloads = load_workloads(meta["colocation"], meta["profiles"], meta["device"])
+    shape, jobs, types = _legato_jobs(args.jobs_file, workloads)
     cores = meta["cores_per_device"]
     err = Console(stderr=True)
     started = _start_ray(start_ray, shape.devices, cores, args.address)
