@@ -37,7 +37,7 @@ LAYER_RANK = {
 ALLOWED_SIDEWAYS = {
     ("parallel", "models"), ("parallel", "moe"), ("parallel", "memory"), ("parallel", "precision"), ("calibrate", "parallel"),
     ("models", "moe"), ("models", "precision"), ("models", "memory"), ("memory", "models"),
-    ("moe", "precision"), ("lora", "train"), ("serve", "lora"), ("cluster", "train"),
+    ("moe", "precision"), ("lora", "train"), ("serve", "lora"), ("serve", "train"), ("cluster", "train"),
 }  # fmt: skip
 TORCH_FREE = ("specs", "cost", "schedule", "plan")
 

@@ -1,0 +1,118 @@
+"""KV blocks: a fixed pool of equal-size blocks, reference counts and prefix caching.
+
+A request's KV cache is a list of block ids (its block table); block ``i`` holds positions
+``i * block_size`` .. ``(i + 1) * block_size - 1``. A block that fills up is *committed*
+under a hash of its tokens chained to the previous block's hash and rooted in the
+request's adapter and adapter version (``prefix_root``), so a later request with the same
+adapter and the same prefix reuses it instead of recomputing it (vLLM's automatic prefix
+caching) — and a block computed under one adapter can never be found from another, because
+a LoRA on k/v projections changes the keys and values themselves. A released block keeps
+its hash while nobody uses it and is only overwritten when the free list runs dry, oldest
+first. Pure Python: the engine owns the tensors, this owns who may write where.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Sequence
+
+Hash = int
+
+
+def prefix_root(adapter: str | None, version: int) -> Hash:
+    """The root of every block-hash chain of requests for this adapter version."""
+    return hash(("legato-prefix", adapter, version))
+
+
+def block_hash(parent: Hash, tokens: Sequence[int]) -> Hash:
+    return hash((parent, tuple(tokens)))
+
+
+class OutOfBlocks(RuntimeError):
+    """No free block and none cached to evict (the scheduler preempts on this)."""
+
+
+class BlockManager:
+    """Free blocks, blocks in use (reference counted) and cached blocks nobody uses."""
+
+    def __init__(self, num_blocks: int, block_size: int) -> None:
+        if num_blocks < 1 or block_size < 1:
+            raise ValueError(f"need >= 1 block of >= 1 token, got {num_blocks} x {block_size}")
+        self.num_blocks, self.block_size = num_blocks, block_size
+        self.refs = [0] * num_blocks
+        self.hash_of: list[Hash | None] = [None] * num_blocks
+        self.by_hash: dict[Hash, int] = {}
+        self.free: deque[int] = deque(range(num_blocks))
+        self.idle: OrderedDict[int, None] = OrderedDict()  # cached, refcount 0, oldest first
+        self.hits = 0  # blocks found by prefix
+
+    @property
+    def available(self) -> int:
+        """Blocks an allocation can get now (free, or cached and unused)."""
+        return len(self.free) + len(self.idle)
+
+    @property
+    def used(self) -> int:
+        return self.num_blocks - self.available
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_size)
+
+    def match(self, root: Hash, tokens: Sequence[int]) -> list[int]:
+        """The cached blocks of the longest committed prefix of ``tokens`` (whole blocks,
+        never the last token, which must be computed to give logits); each is now in use."""
+        found, parent, size = [], root, self.block_size
+        for start in range(0, (len(tokens) - 1) // size * size, size):
+            parent = block_hash(parent, tokens[start : start + size])
+            block = self.by_hash.get(parent)
+            if block is None:
+                break
+            found.append(block)
+        for block in found:
+            self._take(block)
+        self.hits += len(found)
+        return found
+
+    def allocate(self) -> int:
+        """A block for new tokens (a free one, else the oldest unused cached one)."""
+        if self.free:
+            block = self.free.popleft()
+        elif self.idle:
+            block, _ = self.idle.popitem(last=False)
+            del self.by_hash[self.hash_of[block]]
+            self.hash_of[block] = None
+        else:
+            raise OutOfBlocks("every KV block is in use")
+        self.refs[block] = 1
+        return block
+
+    def commit(self, block: int, hashed: Hash) -> None:
+        """``block`` is full with the tokens ``hashed`` names: findable from now on."""
+        if self.hash_of[block] is None and hashed not in self.by_hash:
+            self.hash_of[block] = hashed
+            self.by_hash[hashed] = block
+
+    def release(self, blocks: Sequence[int]) -> None:
+        """A request is done with ``blocks`` (finished, preempted or aborted)."""
+        for block in blocks:
+            self.refs[block] -= 1
+            if self.refs[block] < 0:
+                raise AssertionError(f"block {block} released more often than taken")
+            if self.refs[block] == 0:
+                if self.hash_of[block] is None:
+                    self.free.append(block)
+                else:
+                    self.idle[block] = None
+
+    def _take(self, block: int) -> None:
+        if self.refs[block] == 0:
+            self.idle.pop(block, None)
+        self.refs[block] += 1
+
+    def check(self) -> None:
+        """Accounting invariants: every block exactly one of free, idle or in use."""
+        in_use = sum(1 for r in self.refs if r > 0)
+        assert in_use + len(self.free) + len(self.idle) == self.num_blocks
+        assert all(self.refs[b] == 0 and self.hash_of[b] is None for b in self.free)
+        assert all(self.refs[b] == 0 and self.hash_of[b] is not None for b in self.idle)
+        assert all(self.hash_of[b] == h for h, b in self.by_hash.items())

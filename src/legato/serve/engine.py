@@ -1,0 +1,308 @@
+"""The serving engine: continuous batching of many adapters' requests over a paged KV cache.
+
+Each ``step()`` builds one batch under a token budget (``max_num_batched_tokens``, vLLM's
+name): first every running request's next tokens — one decode token, or the next chunk of
+a prompt that did not fit one step (chunked prefill) — then waiting requests in arrival
+order while the budget, ``max_num_seqs`` and the free blocks allow. A request's known
+tokens are its prompt and what it generated; those not yet in the cache are its new rows.
+When a running request needs a block and none is left, the newest running request is
+preempted (its blocks released, to be recomputed when it is admitted again — vLLM's
+recompute preemption); blocks it had filled stay in the prefix cache, so recomputation is
+often a cache hit. Requests of different adapters share the batch (``paged_model``).
+
+Thread-safety: ``add`` and ``abort`` may be called from another thread (the HTTP server's
+event loop) while one thread runs ``step``; a lock guards the queues. A request reports
+progress through its ``on_update`` callback, called on the stepping thread.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from legato.data.tokenizer import Tokenizer
+from legato.lora.adapter import LoraAdapter
+from legato.models.transformer import Transformer
+from legato.serve.blocks import BlockManager, block_hash, prefix_root
+from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
+from legato.serve.sampling import RequestError, SamplingParams, next_token
+
+WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
+
+
+@dataclass
+class EngineConfig:
+    block_size: int = 16
+    num_blocks: int = 256
+    max_num_seqs: int = 16
+    max_num_batched_tokens: int = 512
+    max_queue: int = 256  # waiting requests beyond this are refused (HTTP 429)
+
+
+@dataclass
+class Request:
+    id: str
+    adapter: str | None
+    prompt: list[int]
+    params: SamplingParams
+    arrival_s: float
+    on_update: Callable[[Request], None] | None = None
+    output: list[int] = field(default_factory=list)
+    state: str = WAITING
+    finish_reason: str | None = None  # "stop" | "length" | "abort"
+    blocks: list[int] = field(default_factory=list)
+    cached: int = 0  # known tokens whose keys and values are in the cache
+    committed: int = 0  # blocks registered in the prefix cache
+    chain: int = 0  # hash of the last committed block (or the adapter's root)
+    text: str = ""  # the output decoded, cut at a stop string
+    first_token_s: float | None = None
+    preemptions: int = 0
+    generator: torch.Generator | None = None
+
+    @property
+    def known(self) -> list[int]:
+        return self.prompt + self.output
+
+
+class Engine:
+    """``add`` requests, call ``step`` until ``has_work`` is False (or run a loop thread)."""
+
+    def __init__(
+        self,
+        model: Transformer,
+        tokenizer: Tokenizer,
+        adapters: dict[str, LoraAdapter] | None = None,
+        config: EngineConfig | None = None,
+        model_name: str = "legato",
+    ) -> None:
+        self.config = config or EngineConfig()
+        self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
+        self.max_model_len = model.spec.seq_len
+        self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
+        self.versions: dict[str, int] = dict.fromkeys(self.adapters, 0)
+        self.blocks = BlockManager(self.config.num_blocks, self.config.block_size)
+        self.cache = PagedKVCache(model, self.config.num_blocks, self.config.block_size)
+        self.runner = PagedModel(model, self.cache)
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
+        self.lock = threading.Lock()
+        self._ids = itertools.count()
+        self.steps = 0
+
+    # ------------------------------------------------------------------ adapters
+
+    def load_adapter(self, name: str, adapter: LoraAdapter) -> None:
+        """Serve ``adapter`` as ``name``; a reload is a new version (old cached prefixes of
+        the name are never found again)."""
+        with self.lock:
+            self.versions[name] = self.versions.get(name, -1) + 1
+            self.adapters[name] = adapter
+
+    def unload_adapter(self, name: str) -> None:
+        with self.lock:
+            if name not in self.adapters:
+                raise RequestError(f"model: no adapter named {name!r}", 404, "lora_name")
+            if any(r.adapter == name for r in (*self.waiting, *self.running)):
+                raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
+            del self.adapters[name]
+
+    # ------------------------------------------------------------------ requests
+
+    def add(
+        self,
+        prompt: Sequence[int],
+        params: SamplingParams,
+        adapter: str | None = None,
+        on_update: Callable[[Request], None] | None = None,
+    ) -> Request:
+        """Queue a request; a RequestError (404 unknown adapter, 400 too long, 429 queue
+        full) refuses it with nothing allocated."""
+        if adapter is not None and adapter not in self.adapters:
+            raise RequestError(f"model: the model {adapter!r} does not exist", 404, "model")
+        if not prompt:
+            raise RequestError("prompt: must not be empty", 400, "prompt")
+        total = len(prompt) + params.max_tokens
+        if total > self.max_model_len:
+            raise RequestError(
+                f"This model's maximum context length is {self.max_model_len} tokens. However, "
+                f"you requested {total} tokens ({len(prompt)} in the prompt, "
+                f"{params.max_tokens} in the completion).", 400, "max_tokens",
+            )  # fmt: skip
+        if self.blocks.blocks_for(total) > self.config.num_blocks:
+            raise RequestError(
+                f"max_tokens: {total} tokens need {self.blocks.blocks_for(total)} KV blocks, "
+                f"the cache has {self.config.num_blocks}", 400, "max_tokens",
+            )  # fmt: skip
+        with self.lock:
+            if len(self.waiting) >= self.config.max_queue:
+                raise RequestError("the server is overloaded; retry later", 429)
+            request = Request(f"cmpl-{next(self._ids)}", adapter, list(prompt), params,
+                              time.monotonic(), on_update)  # fmt: skip
+            request.generator = params.generator()
+            self.waiting.append(request)
+        return request
+
+    def abort(self, request: Request) -> None:
+        """Stop ``request`` (a client went away): its blocks are freed at once."""
+        with self.lock:
+            if request.state == FINISHED:
+                return
+            if request in self.waiting:
+                self.waiting.remove(request)
+            if request in self.running:
+                self.running.remove(request)
+            self._finish(request, "abort")
+
+    @property
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    # ------------------------------------------------------------------ one step
+
+    def step(self) -> list[Request]:
+        """Run one batch; the requests that got a token or finished."""
+        with self.lock:
+            parts, scheduled = self._schedule()
+        if not parts:
+            return []
+        logits = self.runner.step(parts)
+        self.steps += 1
+        changed = []
+        with self.lock:
+            for request, part, row in zip(scheduled, parts, logits, strict=True):
+                if request.state != RUNNING:  # aborted while the batch ran
+                    continue
+                request.cached += len(part.tokens)
+                self._commit_full_blocks(request)
+                if request.cached == len(request.known):
+                    self._append(request, row)
+                    changed.append(request)
+        for request in changed:
+            if request.on_update is not None:
+                request.on_update(request)
+        return changed
+
+    def _schedule(self) -> tuple[list[StepRows], list[Request]]:
+        budget = self.config.max_num_batched_tokens
+        parts, scheduled = [], []
+        for request in list(self.running):
+            if budget == 0:
+                break
+            if request.state != RUNNING:  # preempted below to make room for an older one
+                continue
+            n = min(len(request.known) - request.cached, budget)
+            if not self._reserve(request, request.cached + n, preempt=True):
+                continue
+            parts.append(self._rows(request, n))
+            scheduled.append(request)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting[0]
+            if not request.blocks:
+                self._match_prefix(request)
+            n = min(len(request.known) - request.cached, budget)
+            if not self._reserve(request, request.cached + n, preempt=False):
+                self._drop_blocks(request)  # a waiting request holds no blocks
+                break
+            self.waiting.popleft()
+            request.state = RUNNING
+            self.running.append(request)
+            parts.append(self._rows(request, n))
+            scheduled.append(request)
+            budget -= n
+        return parts, scheduled
+
+    def _rows(self, request: Request, n: int) -> StepRows:
+        tokens = request.known[request.cached : request.cached + n]
+        adapter = self.adapters[request.adapter] if request.adapter else None
+        return StepRows(tokens, request.cached, request.blocks, adapter)
+
+    def _match_prefix(self, request: Request) -> None:
+        request.chain = prefix_root(request.adapter, self.versions.get(request.adapter, 0))
+        request.blocks = self.blocks.match(request.chain, request.known)
+        size = self.config.block_size
+        for i in range(len(request.blocks)):
+            request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
+        request.committed = len(request.blocks)
+        request.cached = request.committed * size
+
+    def _reserve(self, request: Request, tokens: int, preempt: bool) -> bool:
+        """Blocks for ``tokens`` positions of ``request``; with ``preempt``, newer running
+        requests give theirs up first (else False and nothing changes)."""
+        need = self.blocks.blocks_for(tokens) - len(request.blocks)
+        while need > self.blocks.available:
+            victims = [r for r in self.running if r is not request and r.state == RUNNING]
+            if not preempt or not victims:
+                if request.state == RUNNING and preempt:
+                    self._preempt(request)
+                return False
+            self._preempt(victims[-1])
+        for _ in range(need):
+            request.blocks.append(self.blocks.allocate())
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self.running.remove(request)
+        self._drop_blocks(request)
+        request.state = WAITING
+        request.preemptions += 1
+        self.waiting.appendleft(request)
+
+    def _drop_blocks(self, request: Request) -> None:
+        self.blocks.release(request.blocks)
+        request.blocks, request.cached, request.committed = [], 0, 0
+
+    def _commit_full_blocks(self, request: Request) -> None:
+        size = self.config.block_size
+        while (request.committed + 1) * size <= request.cached:
+            i = request.committed
+            request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
+            self.blocks.commit(request.blocks[i], request.chain)
+            request.committed += 1
+
+    def _append(self, request: Request, logits: torch.Tensor) -> None:
+        """Draw the next token and decide whether the request is done."""
+        token = next_token(logits[: self.tokenizer.vocab_size], request.params, request.generator)
+        if request.first_token_s is None:
+            request.first_token_s = time.monotonic()
+        params = request.params
+        if token == self.tokenizer.eos_id and not params.ignore_eos:
+            self._finish(request, "stop")
+            return
+        request.output.append(token)
+        text = self.tokenizer.decode(request.output)
+        cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
+        request.text = text if cut < 0 else text[:cut]
+        if cut >= 0:
+            self._finish(request, "stop")
+        elif len(request.output) >= params.max_tokens:
+            self._finish(request, "length")
+
+    def _finish(self, request: Request, reason: str) -> None:
+        if request in self.running:
+            self.running.remove(request)
+        self.blocks.release(request.blocks)
+        request.blocks = []
+        request.state, request.finish_reason = FINISHED, reason
+        if reason == "abort" and request.on_update is not None:
+            request.on_update(request)
+
+    # ------------------------------------------------------------------ convenience
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        params: SamplingParams,
+        adapters: Sequence[str | None],
+    ) -> list[Request]:
+        """Run ``prompts`` (each with its adapter) to completion; the finished requests."""
+        requests = [self.add(p, params, a) for p, a in zip(prompts, adapters, strict=True)]
+        while self.has_work:
+            self.step()
+        return requests

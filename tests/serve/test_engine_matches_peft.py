@@ -1,0 +1,91 @@
+"""The engine's greedy tokens equal Hugging Face transformers + PEFT on the same weights, token
+for token (fp32): each adapter alone, all adapters mixed in one batch, and under a cache so
+small that requests are preempted, recomputed and hit the prefix cache."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from legato.data.tokenizer import ByteTokenizer
+from legato.lora.peft_io import save_adapter
+from legato.models import build_model
+from legato.models.hf_checkpoint import save_safetensors
+from legato.serve.engine import Engine, EngineConfig
+from legato.serve.loading import generated_adapters
+from legato.serve.sampling import SamplingParams
+from legato.specs.registry import load_model
+
+PROMPTS = ["The cat sat on", "Once upon a time there was a", "abcabcabcabcabcabc", "Q:"]
+NEW_TOKENS = 10
+
+
+pytestmark = pytest.mark.filterwarnings("ignore::FutureWarning")  # peft on transformers 5
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """A tiny Llama, three generated adapters (one also on the MLP and LM head), and the
+    greedy continuations HF + PEFT gives for each (adapter, prompt)."""
+    peft = pytest.importorskip("peft")
+    from transformers import LlamaForCausalLM
+
+    from legato.lora.hf_interop import llama_config
+
+    folder = tmp_path_factory.mktemp("served")
+    spec = load_model("tiny").with_(num_layers=2)
+    model = build_model(spec, seed=0)
+    adapters = generated_adapters(model, count=3, rank=4, seed=1)
+    save_safetensors(model, folder / "base")
+    llama_config(spec).save_pretrained(folder / "base")
+    tokenizer = ByteTokenizer()
+    suppressed = list(range(tokenizer.vocab_size, spec.vocab_size))
+    expected = {}
+    for name, adapter in [(None, None), *adapters.items()]:
+        hf = LlamaForCausalLM.from_pretrained(folder / "base", dtype=torch.float32).eval()
+        if adapter is not None:
+            save_adapter(adapter, folder / name, str(folder / "base"))
+            hf = peft.PeftModel.from_pretrained(hf, folder / name).eval()
+        for prompt in PROMPTS:
+            ids = torch.tensor([tokenizer.encode(prompt)])
+            with torch.no_grad():
+                out = hf.generate(input_ids=ids, max_new_tokens=NEW_TOKENS, do_sample=False,
+                                  suppress_tokens=suppressed, eos_token_id=None, pad_token_id=0)  # fmt: skip
+            expected[(name, prompt)] = out[0, ids.shape[1] :].tolist()
+    return model, adapters, tokenizer, expected
+
+
+def _run(served, config, pairs):
+    model, adapters, tokenizer, expected = served
+    engine = Engine(model, tokenizer, adapters, config)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    prompts = [tokenizer.encode(p) for _, p in pairs]
+    requests = engine.generate(prompts, params, [a for a, _ in pairs])
+    for request, key in zip(requests, pairs, strict=True):
+        assert request.output == expected[key], key
+    engine.blocks.check()
+    assert engine.blocks.used == 0  # every block released
+    return engine, requests
+
+
+def test_each_adapter_alone_matches_peft(served):
+    for name in [None, *served[1]]:
+        for prompt in PROMPTS:
+            _run(served, EngineConfig(block_size=4, num_blocks=32), [(name, prompt)])
+
+
+def test_mixed_batches_preemption_and_prefix_hits_match_peft(served):
+    """Every (adapter, prompt) pair in one batch; then with a cache of 14 blocks of 4 and a
+    7-token budget, which chunks prompts and preempts requests."""
+    pairs = [(a, p) for p in PROMPTS for a in [None, *served[1]]]
+    engine, _ = _run(served, EngineConfig(block_size=4, num_blocks=256), pairs)
+    assert engine.steps == NEW_TOKENS  # all sixteen in every batch: one prefill, nine decodes
+    tight = EngineConfig(block_size=4, num_blocks=14, max_num_batched_tokens=7)
+    engine, requests = _run(served, tight, pairs)
+    assert sum(r.preemptions for r in requests) > 0
+    assert engine.blocks.hits > 0
+
+
+def test_adapters_change_the_answers(served):
+    expected = served[3]
+    assert any(expected[(None, p)] != expected[("lora-0", p)] for p in PROMPTS)
