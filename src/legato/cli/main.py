@@ -25,6 +25,8 @@ COMMAND_GROUPS = (
     "schedule",
     "finetune",
     "cluster",
+    "serve",
+    "bench",
 )
 
 

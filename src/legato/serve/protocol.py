@@ -1,0 +1,115 @@
+"""The OpenAI request bodies the server accepts, and the JSON it answers with.
+
+Fields and defaults follow the OpenAI completions and chat completions APIs, plus vLLM's
+extensions (``top_k``, ``ignore_eos``) and its LoRA management bodies. A field outside its
+range is a 400 with OpenAI's error object naming it (``error_body``), never a 422.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from legato.serve.sampling import RequestError, SamplingParams
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class _Sampling(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # OpenAI clients send fields we do not use
+
+    model: str
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    n: int = 1
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+
+    def sampling(self, default_max_tokens: int) -> SamplingParams:
+        if self.n != 1:
+            raise RequestError(f"n: only n = 1 is supported, got {self.n}", 400, "n")
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
+            temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
+            stop=tuple(stop), ignore_eos=self.ignore_eos,
+        )  # fmt: skip
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class CompletionRequest(_Sampling):
+    prompt: str | list[str] | list[int]
+    max_tokens: int | None = 16
+
+    def prompt_ids(self, encode) -> list[int]:
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
+            return list(prompt)
+        if isinstance(prompt, list):
+            if len(prompt) != 1:
+                raise RequestError("prompt: one prompt per request (a list of one)", 400, "prompt")
+            prompt = prompt[0]
+        return encode(prompt)
+
+
+class ChatMessage(BaseModel):
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+class ChatRequest(_Sampling):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = None
+
+    def prompt_text(self) -> str:
+        """Our chat template (the byte-level models have none of their own): one line per
+        message, ``role: content``, then ``assistant:`` for the answer."""
+        lines = [f"{m.role}: {m.content}" for m in self.messages]
+        return "\n".join([*lines, "assistant:"])
+
+
+class LoadLora(BaseModel):
+    lora_name: str
+    lora_path: str
+
+
+class UnloadLora(BaseModel):
+    lora_name: str
+
+
+def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
+    kind = {404: "NotFoundError", 429: "RateLimitError"}.get(status, "invalid_request_error")
+    return {"error": {"message": message, "type": kind, "param": param, "code": status}}
+
+
+def usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion,
+            "total_tokens": prompt + completion}  # fmt: skip
+
+
+def completion_body(request_id, model, text, finish, chat: bool, usage_: dict | None) -> dict:
+    """A whole answer (``usage_`` given) or one streamed chunk of it."""
+    if chat:
+        key = "message" if usage_ is not None else "delta"
+        choice = {"index": 0, key: {"role": "assistant", "content": text}, "finish_reason": finish}
+        kind = "chat.completion" if usage_ is not None else "chat.completion.chunk"
+    else:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
+        kind = "text_completion"
+    body = {"id": request_id, "object": kind, "created": int(time.time()), "model": model,
+            "choices": [choice]}  # fmt: skip
+    if usage_ is not None:
+        body["usage"] = usage_
+    return body

@@ -1,0 +1,128 @@
+"""The load generator against a real HTTP server on 127.0.0.1 that streams server-sent events
+with known pauses: what it sends, what it times, what it reads from the usage chunk."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from itertools import pairwise
+
+import pytest
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from legato.serve.bench_client import run_benchmark
+from legato.serve.bench_metrics import summarize
+from legato.serve.workload import BenchRequest
+
+FIRST_S = 0.05  # the server's pause before the first chunk
+GAP_S = 0.05  # and between chunks
+CHUNKS = 4
+TOKENS_PER_CHUNK = 2  # so the usage count differs from the chunk count
+
+app = FastAPI()
+seen: list[dict] = []
+
+
+@app.post("/v1/completions")
+async def completions(request: Request):
+    body = await request.json()
+    seen.append(body)
+    if body["model"] not in ("base", "a0", "silent", "broken"):
+        return JSONResponse({"error": f"unknown model {body['model']}"}, status_code=404)
+
+    async def events():
+        if body["model"] == "broken":
+            yield _event({"choices": [{"index": 0, "text": "ab"}]})
+            yield _event({"error": {"message": "out of blocks"}})
+        elif body["model"] != "silent":
+            await asyncio.sleep(FIRST_S)
+            for i in range(CHUNKS):
+                if i:
+                    await asyncio.sleep(GAP_S)
+                yield _event({"choices": [{"index": 0, "text": "ab", "finish_reason": None}]})
+            usage = {"prompt_tokens": len(body["prompt"]), "completion_tokens": 2 * CHUNKS}
+            yield _event({"choices": [], "usage": usage})
+        yield "data: [DONE]\n\n"
+
+    return StreamingResponse(events(), media_type="text/event-stream")
+
+
+def _event(payload: dict) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+@pytest.fixture(scope="module")
+def server_url() -> Iterator[str]:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        if time.monotonic() > deadline or not thread.is_alive():
+            pytest.fail("the test server did not start within 30 s")
+        time.sleep(0.01)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
+    server.should_exit = True
+    thread.join(timeout=30)
+
+
+def _request(index: int, arrival_s: float, adapter: str | None) -> BenchRequest:
+    return BenchRequest(index, arrival_s, adapter, prompt_tokens=12, output_tokens=8)
+
+
+def test_streamed_requests_are_timed_and_counted(server_url: str) -> None:
+    seen.clear()
+    requests = [
+        _request(0, 0.0, None),
+        _request(1, 0.05, "a0"),
+        _request(2, 0.1, "missing"),
+        _request(3, 0.1, "silent"),
+        _request(4, 0.1, "broken"),
+    ]
+    timings, duration = asyncio.run(run_benchmark(server_url, "base", requests, progress=False))
+
+    bodies = sorted(seen, key=lambda b: b["model"])
+    assert [b["model"] for b in bodies] == ["a0", "base", "broken", "missing", "silent"]
+    for body in bodies:
+        assert body["max_tokens"] == 8 and body["ignore_eos"] is True
+        assert body["temperature"] == 0 and len(body["prompt"]) == 12
+        assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
+
+    assert [t.index for t in timings] == [0, 1, 2, 3, 4]
+    for t, r in zip(timings[:2], requests[:2], strict=True):
+        assert t.ok and t.error is None and t.adapter == r.adapter
+        assert t.start_s >= r.arrival_s
+        assert t.output_tokens == CHUNKS * TOKENS_PER_CHUNK  # from the usage chunk
+        assert t.prompt_tokens == 12
+        assert len(t.token_times) == CHUNKS and t.token_times == sorted(t.token_times)
+        assert FIRST_S <= t.first_token_s - t.start_s < 5.0
+        assert t.end_s == t.token_times[-1]
+        assert t.end_s - t.start_s >= FIRST_S + (CHUNKS - 1) * GAP_S
+        assert GAP_S <= t.token_times[-1] - t.token_times[0] < 5.0  # three gaps were paused
+    missing, silent, broken = timings[2:]
+    assert not missing.ok and missing.error.startswith("HTTP 404")
+    assert not silent.ok and "without any text" in silent.error
+    assert not broken.ok and "out of blocks" in broken.error
+    assert duration >= max(t.end_s for t in timings)
+
+    result = summarize(timings, duration)
+    assert result["completed"] == 2 and result["failed"] == 3
+    assert result["mean_ttft_ms"] >= FIRST_S * 1000
+    assert result["total_output_tokens"] == 2 * CHUNKS * TOKENS_PER_CHUNK
+
+
+def test_max_concurrency_serialises_requests(server_url: str) -> None:
+    requests = [_request(i, 0.0, None) for i in range(3)]
+    timings, _ = asyncio.run(run_benchmark(server_url, "base", requests, max_concurrency=1))
+    assert all(t.ok for t in timings)
+    spans = sorted((t.start_s, t.end_s) for t in timings)
+    assert all(later[0] >= earlier[1] for earlier, later in pairwise(spans))
