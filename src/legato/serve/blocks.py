@@ -44,21 +44,27 @@ class BlockManager:
         self.by_hash: dict[Hash, int] = {}
         self.free: deque[int] = deque(range(num_blocks))
         self.idle: OrderedDict[int, None] = OrderedDict()  # cached, refcount 0, oldest first
+        self.owner: list[str | None] = [None] * num_blocks  # a committed block's adapter
+        self.parent: list[int | None] = [None] * num_blocks
+        self.children: list[set[int]] = [set() for _ in range(num_blocks)]  # cached, after it
+        self.last_used = [0.0] * num_blocks
+        self.visits = [0] * num_blocks
         self.hits = 0  # blocks found by prefix
 
     @property
-    def available(self) -> int:
-        """Blocks an allocation can get now (free, or cached and unused)."""
-        return len(self.free) + len(self.idle)
+    def in_use(self) -> int:
+        """Blocks someone holds (a request's KV, an adapter)."""
+        return sum(1 for r in self.refs if r > 0)
 
     @property
     def used(self) -> int:
-        return self.num_blocks - self.available
+        """Blocks not on the free list (in use, or cached and idle)."""
+        return self.num_blocks - len(self.free)
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_size)
 
-    def match(self, root: Hash, tokens: Sequence[int]) -> list[int]:
+    def match(self, root: Hash, tokens: Sequence[int], now: float = 0.0) -> list[int]:
         """The cached blocks of the longest committed prefix of ``tokens`` (whole blocks,
         never the last token, which must be computed to give logits); each is now in use."""
         found, parent, size = [], root, self.block_size
@@ -70,27 +76,49 @@ class BlockManager:
             found.append(block)
         for block in found:
             self._take(block)
+            self.visits[block] += 1
+            self.last_used[block] = now
         self.hits += len(found)
         return found
 
     def allocate(self) -> int:
-        """A block for new tokens (a free one, else the oldest unused cached one)."""
-        if self.free:
-            block = self.free.popleft()
-        elif self.idle:
-            block, _ = self.idle.popitem(last=False)
-            del self.by_hash[self.hash_of[block]]
-            self.hash_of[block] = None
-        else:
-            raise OutOfBlocks("every KV block is in use")
+        """A free block (the memory policy evicts idle ones into the free list first)."""
+        if not self.free:
+            raise OutOfBlocks("no free block")
+        block = self.free.popleft()
         self.refs[block] = 1
         return block
 
-    def commit(self, block: int, hashed: Hash) -> None:
-        """``block`` is full with the tokens ``hashed`` names: findable from now on."""
+    def evict(self, block: int) -> None:
+        """Forget the idle cached ``block``: its prefix must be recomputed from now on."""
+        del self.idle[block]
+        del self.by_hash[self.hash_of[block]]
+        parent = self.parent[block]
+        if parent is not None:
+            self.children[parent].discard(block)
+        for child in self.children[block]:  # an LRU may evict a parent first
+            self.parent[child] = None
+        self.children[block] = set()
+        self.hash_of[block] = self.owner[block] = self.parent[block] = None
+        self.visits[block] = 0
+        self.free.append(block)
+
+    def is_leaf(self, block: int) -> bool:
+        return not self.children[block]
+
+    def commit(
+        self, block: int, hashed: Hash, adapter: str | None = None, parent: int | None = None,
+        now: float = 0.0,
+    ) -> None:  # fmt: skip
+        """``block`` is full with the tokens ``hashed`` names (under ``adapter``, after the
+        block ``parent``): findable from now on."""
         if self.hash_of[block] is None and hashed not in self.by_hash:
             self.hash_of[block] = hashed
             self.by_hash[hashed] = block
+            self.owner[block], self.parent[block] = adapter, parent
+            self.last_used[block] = now
+            if parent is not None:
+                self.children[parent].add(block)
 
     def release(self, blocks: Sequence[int]) -> None:
         """A request is done with ``blocks`` (finished, preempted or aborted)."""
@@ -116,3 +144,6 @@ class BlockManager:
         assert all(self.refs[b] == 0 and self.hash_of[b] is None for b in self.free)
         assert all(self.refs[b] == 0 and self.hash_of[b] is not None for b in self.idle)
         assert all(self.hash_of[b] == h for h, b in self.by_hash.items())
+        for block in range(self.num_blocks):
+            kids = {b for b in self.by_hash.values() if self.parent[b] == block}
+            assert self.children[block] == kids

@@ -30,19 +30,29 @@ from legato.data.tokenizer import Tokenizer
 from legato.lora.adapter import LoraAdapter
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
+from legato.serve.memory import DeviceMemory
 from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
+from legato.serve.policies import make_policy
 from legato.serve.sampling import RequestError, SamplingParams, next_token
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
 
 
+# A link whose (adapter load / decode step) ratio on the tiny preset here is about that of a
+# Llama-3-8B rank-32 adapter over PCIe 4 on an A100 (docs/serving.md, "The link").
+DEFAULT_LINK_GBPS = 0.4
+
+
 @dataclass
 class EngineConfig:
     block_size: int = 16
-    num_blocks: int = 256
+    num_blocks: int = 256  # device blocks, shared by KV and adapters (but under vllm)
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_queue: int = 256  # waiting requests beyond this are refused (HTTP 429)
+    policy: str = "elora"  # vllm | slora | elora (serve/policies.py)
+    max_loras: int = 4  # vllm: adapter slots on the device
+    link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
 @dataclass
@@ -89,11 +99,20 @@ class Engine:
         self.blocks = BlockManager(self.config.num_blocks, self.config.block_size)
         self.cache = PagedKVCache(model, self.config.num_blocks, self.config.block_size)
         self.runner = PagedModel(model, self.cache)
+        self.policy = make_policy(self.config.policy)
+        self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy,
+                                   self.config.link_gbps, self.config.max_loras)  # fmt: skip
+        for name, adapter in self.adapters.items():
+            self.memory.add_adapter(name, adapter)
+        if self.policy.separate_slots:
+            self.memory.reserve_slots()
+        self.kv_blocks = self.config.num_blocks - (len(self.memory.region or ()))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.lock = threading.Lock()
         self._ids = itertools.count()
         self.steps = 0
+        self.peak_batch = 0  # the most requests one step has run
 
     # ------------------------------------------------------------------ adapters
 
@@ -101,6 +120,20 @@ class Engine:
         """Serve ``adapter`` as ``name``; a reload is a new version (old cached prefixes of
         the name are never found again)."""
         with self.lock:
+            if name in self.adapters and any(
+                r.adapter == name for r in (*self.waiting, *self.running)
+            ):
+                raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
+            slot_blocks = self.memory.slot_blocks
+            self.memory.add_adapter(name, adapter)
+            if slot_blocks is not None and self.memory.blocks_of(name) > slot_blocks:
+                self.memory.remove_adapter(name)
+                if name in self.adapters:
+                    self.memory.add_adapter(name, self.adapters[name])
+                raise RequestError(
+                    f"lora_path: the adapter needs {self.memory.blocks_of(name)} blocks, "
+                    f"larger than a LoRA slot ({slot_blocks})", 400, "lora_path",
+                )  # fmt: skip
             self.versions[name] = self.versions.get(name, -1) + 1
             self.adapters[name] = adapter
 
@@ -111,6 +144,7 @@ class Engine:
             if any(r.adapter == name for r in (*self.waiting, *self.running)):
                 raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
             del self.adapters[name]
+            self.memory.remove_adapter(name)
 
     # ------------------------------------------------------------------ requests
 
@@ -134,10 +168,12 @@ class Engine:
                 f"you requested {total} tokens ({len(prompt)} in the prompt, "
                 f"{params.max_tokens} in the completion).", 400, "max_tokens",
             )  # fmt: skip
-        if self.blocks.blocks_for(total) > self.config.num_blocks:
+        room = self.kv_blocks - (self.memory.blocks_of(adapter) if adapter and
+                                 not self.policy.separate_slots else 0)  # fmt: skip
+        if self.blocks.blocks_for(total) > room:
             raise RequestError(
                 f"max_tokens: {total} tokens need {self.blocks.blocks_for(total)} KV blocks, "
-                f"the cache has {self.config.num_blocks}", 400, "max_tokens",
+                f"the device has room for {room}", 400, "max_tokens",
             )  # fmt: skip
         with self.lock:
             if len(self.waiting) >= self.config.max_queue:
@@ -146,6 +182,7 @@ class Engine:
                               time.monotonic(), on_update)  # fmt: skip
             request.generator = params.generator()
             self.waiting.append(request)
+            self.policy.observe(adapter)
         return request
 
     def abort(self, request: Request) -> None:
@@ -155,9 +192,7 @@ class Engine:
                 return
             if request in self.waiting:
                 self.waiting.remove(request)
-            if request in self.running:
-                self.running.remove(request)
-            self._finish(request, "abort")
+            self._finish(request, "abort")  # out of the running batch, its adapter unpinned
 
     @property
     def has_work(self) -> bool:
@@ -169,17 +204,24 @@ class Engine:
         """Run one batch; the requests that got a token or finished."""
         with self.lock:
             parts, scheduled = self._schedule()
+            if not parts:
+                self.memory.tick(time.monotonic())
         if not parts:
+            if self.waiting:
+                time.sleep(0.001)  # adapters are being copied in: nothing to run yet
             return []
         logits = self.runner.step(parts)
         self.steps += 1
+        self.peak_batch = max(self.peak_batch, len(parts))
         changed = []
+        now = time.monotonic()
         with self.lock:
+            self.memory.tick(now)
             for request, part, row in zip(scheduled, parts, logits, strict=True):
                 if request.state != RUNNING:  # aborted while the batch ran
                     continue
                 request.cached += len(part.tokens)
-                self._commit_full_blocks(request)
+                self._commit_full_blocks(request, now)
                 if request.cached == len(request.known):
                     self._append(request, row)
                     changed.append(request)
@@ -202,15 +244,21 @@ class Engine:
             parts.append(self._rows(request, n))
             scheduled.append(request)
             budget -= n
-        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+        now = time.monotonic()
+        for request in list(self.waiting):
+            if budget == 0 or len(self.running) >= self.config.max_num_seqs:
+                break
+            if request.adapter is not None and not self.memory.request(request.adapter, now):
+                continue  # its adapter is on its way (or there is no room yet): others go first
+            self.memory.pin(request.adapter, now)
             if not request.blocks:
-                self._match_prefix(request)
+                self._match_prefix(request, now)
             n = min(len(request.known) - request.cached, budget)
             if not self._reserve(request, request.cached + n, preempt=False):
                 self._drop_blocks(request)  # a waiting request holds no blocks
+                self.memory.unpin(request.adapter)
                 break
-            self.waiting.popleft()
+            self.waiting.remove(request)
             request.state = RUNNING
             self.running.append(request)
             parts.append(self._rows(request, n))
@@ -220,12 +268,13 @@ class Engine:
 
     def _rows(self, request: Request, n: int) -> StepRows:
         tokens = request.known[request.cached : request.cached + n]
-        adapter = self.adapters[request.adapter] if request.adapter else None
-        return StepRows(tokens, request.cached, request.blocks, adapter)
+        return StepRows(
+            tokens, request.cached, request.blocks, self.memory.resident(request.adapter)
+        )
 
-    def _match_prefix(self, request: Request) -> None:
+    def _match_prefix(self, request: Request, now: float) -> None:
         request.chain = prefix_root(request.adapter, self.versions.get(request.adapter, 0))
-        request.blocks = self.blocks.match(request.chain, request.known)
+        request.blocks = self.blocks.match(request.chain, request.known, now)
         size = self.config.block_size
         for i in range(len(request.blocks)):
             request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
@@ -236,19 +285,22 @@ class Engine:
         """Blocks for ``tokens`` positions of ``request``; with ``preempt``, newer running
         requests give theirs up first (else False and nothing changes)."""
         need = self.blocks.blocks_for(tokens) - len(request.blocks)
-        while need > self.blocks.available:
+        while need > self.memory.evictable():
             victims = [r for r in self.running if r is not request and r.state == RUNNING]
             if not preempt or not victims:
                 if request.state == RUNNING and preempt:
                     self._preempt(request)
                 return False
             self._preempt(victims[-1])
+        if not self.memory.make_room(need, time.monotonic()):
+            return False
         for _ in range(need):
             request.blocks.append(self.blocks.allocate())
         return True
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
+        self.memory.unpin(request.adapter)
         self._drop_blocks(request)
         request.state = WAITING
         request.preemptions += 1
@@ -258,12 +310,15 @@ class Engine:
         self.blocks.release(request.blocks)
         request.blocks, request.cached, request.committed = [], 0, 0
 
-    def _commit_full_blocks(self, request: Request) -> None:
+    def _commit_full_blocks(self, request: Request, now: float) -> None:
         size = self.config.block_size
         while (request.committed + 1) * size <= request.cached:
             i = request.committed
             request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
-            self.blocks.commit(request.blocks[i], request.chain)
+            parent = request.blocks[i - 1] if i else None
+            if parent is not None and self.blocks.hash_of[parent] is None:
+                parent = None
+            self.blocks.commit(request.blocks[i], request.chain, request.adapter, parent, now)
             request.committed += 1
 
     def _append(self, request: Request, logits: torch.Tensor) -> None:
@@ -287,6 +342,7 @@ class Engine:
     def _finish(self, request: Request, reason: str) -> None:
         if request in self.running:
             self.running.remove(request)
+            self.memory.unpin(request.adapter)
         self.blocks.release(request.blocks)
         request.blocks = []
         request.state, request.finish_reason = FINISHED, reason

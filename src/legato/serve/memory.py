@@ -1,0 +1,250 @@
+"""The device tier: KV blocks and LoRA adapters in one pool of equal blocks, under a policy.
+
+Every adapter lives in host memory; serving a request needs its adapter on the device. An
+adapter is split along its rank into blocks of the KV block's size (``blocks_of``: its
+factors flattened, cut into pool blocks), so adapters and KV compete for the same blocks
+(S-LoRA's unified paging, ELORA's pool). Which blocks leave when room is needed is the
+policy's choice (``serve/policies.py``); this module holds the state they choose from and
+carries the choice out:
+
+- an adapter is *resident* (its blocks on the device), *loading* (a copy on its way) or on
+  the host; a running request pins its adapter;
+- loads are asynchronous: a copy thread moves the adapter's bytes into its device blocks at
+  ``link_gbps`` (on a GPU a pinned-memory copy on a side stream; on a CPU both tiers are
+  host memory, so the link is a copy throttled to the bandwidth — see docs/serving.md for
+  the default), and the engine schedules the adapter's requests once it is resident;
+- the LoRA a step computes with is read from the device blocks (``ResidentAdapter``), so
+  what is evicted really is gone.
+
+The KV blocks themselves are the ``BlockManager``'s; idle cached ones are evicted through
+``BlockManager.evict`` when a policy picks them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from legato.lora.adapter import AdapterShape, LoraAdapter
+from legato.serve.blocks import BlockManager
+
+
+@dataclass
+class AdapterSlot:
+    """One adapter's place in the pool."""
+
+    name: str
+    host: Tensor  # every factor flattened, in the pool's dtype
+    layout: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # path, A shape, B shape
+    shape: AdapterShape
+    blocks: list[int] = field(default_factory=list)  # device blocks, when resident/loading
+    state: str = "host"  # "host" | "loading" | "resident"
+    pins: int = 0  # running requests using it
+    visits: int = 0
+    last_used: float = 0.0
+    resident: ResidentAdapter | None = None
+
+
+class ResidentAdapter:
+    """The factors of an adapter read back from its device blocks (what a step computes
+    with): the ``factors``/``shape`` interface of ``LoraAdapter``."""
+
+    def __init__(self, slot: AdapterSlot, pool: Tensor) -> None:
+        flat = pool[slot.blocks].reshape(-1)[: slot.host.numel()]
+        self.name, self.shape = slot.name, slot.shape
+        self._factors: dict[str, tuple[Tensor, Tensor]] = {}
+        offset = 0
+        for path, a_shape, b_shape in slot.layout:
+            a_size, b_size = a_shape[0] * a_shape[1], b_shape[0] * b_shape[1]
+            a = flat[offset : offset + a_size].view(a_shape)
+            b = flat[offset + a_size : offset + a_size + b_size].view(b_shape)
+            self._factors[path] = (a, b)
+            offset += a_size + b_size
+
+    def factors(self, path: str) -> tuple[Tensor, Tensor] | None:
+        return self._factors.get(path)
+
+
+class DeviceMemory:
+    """The pool (the KV cache tensor, seen as ``[blocks, block_elems]``), its adapters and
+    the copy thread; ``policy`` decides evictions and prefetches."""
+
+    def __init__(
+        self, blocks: BlockManager, pool: Tensor, policy, link_gbps: float, max_loras: int = 4
+    ) -> None:
+        self.blocks, self.pool, self.policy = blocks, pool.view(pool.shape[0], -1), policy
+        self.link_bytes_per_s = link_gbps * 1e9 / 8
+        self.max_loras = max_loras
+        self.region: list[int] | None = None  # vLLM's adapter slots, once reserved
+        self.slot_blocks: int | None = None
+        self.adapters: dict[str, AdapterSlot] = {}
+        self.swapped_in_bytes = 0
+        self._copies: queue.Queue = queue.Queue()
+        self._done: queue.Queue = queue.Queue()
+        self._thread = threading.Thread(target=self._copy_loop, name="legato-swap", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ adapters
+
+    def add_adapter(self, name: str, adapter: LoraAdapter) -> None:
+        """Keep ``adapter`` on the host (replacing a previous one of the name, if idle)."""
+        old = self.adapters.get(name)
+        if old is not None:
+            self._drop_adapter(old)
+        layout, parts = [], []
+        for path, a, b in adapter.named_factors():
+            layout.append((path, tuple(a.shape), tuple(b.shape)))
+            parts += [a.detach().reshape(-1), b.detach().reshape(-1)]
+        host = torch.cat(parts).to(self.pool.dtype).contiguous()
+        self.adapters[name] = AdapterSlot(name, host, layout, adapter.shape)
+
+    def remove_adapter(self, name: str) -> None:
+        self._drop_adapter(self.adapters.pop(name))
+
+    def reserve_slots(self) -> int:
+        """vLLM's split: ``max_loras`` slots, each of the largest adapter's blocks, taken out
+        of the pool for good; the blocks reserved."""
+        per_slot = max((self.blocks_of(n) for n in self.adapters), default=0)
+        self.slot_blocks = per_slot
+        self.region = [self.blocks.allocate() for _ in range(self.max_loras * per_slot)]
+        return len(self.region)
+
+    def blocks_of(self, name: str) -> int:
+        return -(-self.adapters[name].host.numel() // self.pool.shape[1])
+
+    def resident(self, name: str | None) -> ResidentAdapter | None:
+        return None if name is None else self.adapters[name].resident
+
+    def request(self, name: str, now: float) -> bool:
+        """True if ``name`` is on the device; else start loading it if room can be made
+        (False until the copy lands)."""
+        self.collect()
+        slot = self.adapters[name]
+        slot.last_used = now
+        if slot.state == "resident":
+            return True
+        if slot.state == "host":
+            self._load(slot, now)
+        return False
+
+    def pin(self, name: str | None, now: float) -> None:
+        if name is not None:
+            slot = self.adapters[name]
+            slot.pins, slot.visits, slot.last_used = slot.pins + 1, slot.visits + 1, now
+
+    def unpin(self, name: str | None) -> None:
+        if name is not None:
+            self.adapters[name].pins -= 1
+
+    def _load(self, slot: AdapterSlot, now: float, evict: bool = True) -> bool:
+        need = self.blocks_of(slot.name)
+        if self.region is not None:  # a slot of vLLM's: the LRU idle adapter leaves
+            while len(self.region) < need:
+                idle = self.idle_adapters()
+                if not idle or not evict:
+                    return False
+                self._drop_adapter(min(idle, key=lambda s: s.last_used))
+            slot.blocks = [self.region.pop() for _ in range(need)]
+        else:
+            if not (self.make_room(need, now, for_adapter=slot.name) if evict
+                    else len(self.blocks.free) >= need):  # fmt: skip
+                return False
+            slot.blocks = [self.blocks.allocate() for _ in range(need)]
+        slot.state = "loading"
+        self._copies.put(slot)
+        return True
+
+    def _drop_adapter(self, slot: AdapterSlot) -> None:
+        if slot.state == "loading":
+            self._wait_for(slot)
+        if self.region is not None:
+            self.region.extend(slot.blocks)
+        elif slot.blocks:
+            self.blocks.release(slot.blocks)
+        slot.blocks, slot.state, slot.resident = [], "host", None
+
+    # ------------------------------------------------------------------ room
+
+    def make_room(self, need: int, now: float, for_adapter: str | None = None) -> bool:
+        """Evict what the policy picks until ``need`` blocks are free (False, evicting
+        nothing more, when it cannot)."""
+        while len(self.blocks.free) < need:
+            victim = self.policy.victim(self, now, for_adapter)
+            if victim is None:
+                return False
+            kind, what = victim
+            if kind == "kv":
+                self.blocks.evict(what)
+            else:
+                self._drop_adapter(self.adapters[what])
+        return True
+
+    def evictable(self, for_adapter: str | None = None) -> int:
+        """Blocks ``make_room`` could free now (under this policy)."""
+        return len(self.blocks.free) + self.policy.evictable(self, for_adapter)
+
+    def idle_adapters(self) -> list[AdapterSlot]:
+        return [s for s in self.adapters.values() if s.state == "resident" and not s.pins]
+
+    def tick(self, now: float) -> None:
+        """Land finished copies; let the policy prefetch."""
+        self.collect()
+        for name in self.policy.prefetch(self, now):
+            slot = self.adapters[name]
+            if slot.state == "host":
+                self._load(slot, now, evict=False)
+
+    def adapter_blocks(self) -> int:
+        """Blocks adapters hold (vLLM's reserved slots included)."""
+        if self.region is not None:  # the slots hold their blocks whether filled or not
+            return self.max_loras * (self.slot_blocks or 0)
+        return sum(len(s.blocks) for s in self.adapters.values())
+
+    def kv_without_adapter(self) -> float:
+        """The share of device KV blocks held for an adapter that is not resident (useless
+        until it comes back; vLLM's split wastes ~40% in ELORA's traces)."""
+        held = [b for b in range(self.blocks.num_blocks) if self.blocks.owner[b] is not None]
+        if not held:
+            return 0.0
+        gone = sum(1 for b in held if self.adapters.get(self.blocks.owner[b]) is None
+                   or self.adapters[self.blocks.owner[b]].state != "resident")  # fmt: skip
+        return gone / len(held)
+
+    # ------------------------------------------------------------------ copies
+
+    def collect(self) -> None:
+        """Mark every adapter whose copy finished as resident."""
+        while True:
+            try:
+                slot = self._done.get_nowait()
+            except queue.Empty:
+                return
+            if slot.state == "loading":
+                slot.state = "resident"
+                slot.resident = ResidentAdapter(slot, self.pool)
+
+    def _wait_for(self, slot: AdapterSlot) -> None:
+        while slot.state == "loading":
+            self.collect()
+            time.sleep(0.001)
+
+    def _copy_loop(self) -> None:
+        while True:
+            slot = self._copies.get()
+            began = time.perf_counter()
+            size = slot.host.numel()
+            width = self.pool.shape[1]
+            for i, block in enumerate(slot.blocks):
+                chunk = slot.host[i * width : (i + 1) * width]
+                self.pool[block, : chunk.numel()] = chunk
+            nbytes = size * slot.host.element_size()
+            self.swapped_in_bytes += nbytes
+            wait = nbytes / self.link_bytes_per_s - (time.perf_counter() - began)
+            if wait > 0:
+                time.sleep(wait)  # the link's bandwidth (see the module docstring)
+            self._done.put(slot)

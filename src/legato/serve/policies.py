@@ -1,0 +1,147 @@
+"""Who leaves the device when room is needed, and who comes in early: three policies on one
+engine (``--policy``).
+
+- ``vllm``: vLLM's multi-LoRA memory. A fixed number of adapter slots (``--max-loras``),
+  each sized for the largest adapter, carved out of device memory up front; the rest is the
+  KV cache. Loaded adapters leave LRU when a slot is needed; KV blocks leave LRU and know
+  nothing of adapters, so blocks of evicted adapters stay until LRU reaches them.
+- ``slora``: S-LoRA's unified paging. Adapters and KV blocks share the pool; the least
+  recently used idle item, adapter or KV block, leaves first.
+- ``elora``: ELORA's usage-dependency tree and swap cost model. Only leaves leave: a KV
+  block with no cached successor, or an adapter none of whose KV blocks is still on the
+  device — so no KV block is ever resident without its adapter. Leaves are ranked by
+  ``Eval = LoRA_Eval x Retain_Eval`` (below); when the pool is under ``PREFETCH_BELOW``
+  full, host adapters are brought in by decreasing Eval.
+
+ELORA's cost model, as the paper gives it (the note in docs/serving.md):
+``Low_lora = sum_i 1 - (1 - p_i)^BS`` is the number of distinct adapters a batch of ``BS``
+requests is expected to hold, with ``p_i`` adapter i's share of recent requests;
+``LoRA_Eval_i = min(1, Now_i / Low_lora)`` where ``Now_i`` is the adapters left on the device
+if item i goes (an adapter's eviction lowers it by one, a KV block's does not);
+``Retain_Eval_i = cost_i x visit_i x (1 - sigmoid(t_i))`` with ``cost_i`` the time to bring
+item i back over the link, ``visit_i`` its uses and ``t_i`` seconds since its last use.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+POLICIES = ("vllm", "slora", "elora")
+PREFETCH_BELOW = 0.7  # ELORA prefetches while the pool is less full than this
+RECENT = 256  # requests that make up "the recent request mix"
+
+
+def make_policy(name: str):
+    from legato.errors import ConfigError
+
+    if name not in POLICIES:
+        raise ConfigError(f"--policy: must be one of {', '.join(POLICIES)}, got {name!r}")
+    return {"vllm": VllmPolicy, "slora": SloraPolicy, "elora": EloraPolicy}[name]()
+
+
+def _idle_kv(memory) -> list[int]:
+    return list(memory.blocks.idle)
+
+
+class VllmPolicy:
+    name = "vllm"
+    separate_slots = True
+
+    def victim(self, memory, now: float, for_adapter: str | None):
+        idle = _idle_kv(memory)
+        return ("kv", idle[0]) if idle else None  # the idle list is in LRU order
+
+    def evictable(self, memory, for_adapter: str | None) -> int:
+        return len(memory.blocks.idle)
+
+    def prefetch(self, memory, now: float) -> list[str]:
+        return []
+
+    def observe(self, adapter: str | None) -> None:
+        pass
+
+
+class SloraPolicy(VllmPolicy):
+    name = "slora"
+    separate_slots = False
+
+    def victim(self, memory, now: float, for_adapter: str | None):
+        blocks = memory.blocks
+        items = [(blocks.last_used[b], "kv", b) for b in _idle_kv(memory)]
+        items += [(s.last_used, "adapter", s.name) for s in memory.idle_adapters()
+                  if s.name != for_adapter]  # fmt: skip
+        if not items:
+            return None
+        _, kind, what = min(items, key=lambda item: item[0])
+        return kind, what
+
+    def evictable(self, memory, for_adapter: str | None) -> int:
+        adapters = sum(len(s.blocks) for s in memory.idle_adapters() if s.name != for_adapter)
+        return len(memory.blocks.idle) + adapters
+
+
+class EloraPolicy(SloraPolicy):
+    name = "elora"
+
+    def __init__(self) -> None:
+        self.recent: deque[str | None] = deque(maxlen=RECENT)
+
+    def observe(self, adapter: str | None) -> None:
+        """A request arrived for ``adapter`` (the recent mix the cost model reads)."""
+        self.recent.append(adapter)
+
+    def _low_lora(self, memory) -> float:
+        if not self.recent:
+            return 1.0
+        batch = max(1, sum(s.pins for s in memory.adapters.values()))
+        counts: dict[str, int] = {}
+        for name in self.recent:
+            if name is not None:
+                counts[name] = counts.get(name, 0) + 1
+        total = len(self.recent)
+        return max(1e-9, sum(1 - (1 - c / total) ** batch for c in counts.values()))
+
+    def _retain(self, cost_s: float, visits: int, idle_s: float) -> float:
+        return cost_s * max(visits, 1) * (1 - 1 / (1 + math.exp(-idle_s)))
+
+    def _scores(self, memory, now: float, for_adapter: str | None):
+        blocks, low = memory.blocks, self._low_lora(memory)
+        resident = sum(1 for s in memory.adapters.values() if s.state == "resident")
+        keep_all = min(1.0, resident / low)
+        block_cost = memory.pool.shape[1] * memory.pool.element_size() / memory.link_bytes_per_s
+        for b in _idle_kv(memory):
+            if blocks.is_leaf(b):
+                retain = self._retain(block_cost, blocks.visits[b], now - blocks.last_used[b])
+                yield keep_all * retain, "kv", b
+        owners = {blocks.owner[b] for b in range(blocks.num_blocks) if blocks.owner[b]}
+        for slot in memory.idle_adapters():
+            if slot.name == for_adapter or slot.name in owners:
+                continue  # not a leaf: its KV blocks go first
+            cost = slot.host.numel() * slot.host.element_size() / memory.link_bytes_per_s
+            lora_eval = min(1.0, (resident - 1) / low)
+            yield (
+                lora_eval * self._retain(cost, slot.visits, now - slot.last_used),
+                "adapter",
+                slot.name,
+            )
+
+    def victim(self, memory, now: float, for_adapter: str | None):
+        best = min(self._scores(memory, now, for_adapter), default=None, key=lambda s: s[0])
+        return None if best is None else best[1:]
+
+    def prefetch(self, memory, now: float) -> list[str]:
+        """Host adapters worth bringing in while the pool has room, best first."""
+        blocks = memory.blocks
+        if blocks.used >= PREFETCH_BELOW * blocks.num_blocks or not self.recent:
+            return []
+        wanted = {name for name in self.recent if name is not None}
+        cold = [s for s in memory.adapters.values() if s.state == "host" and s.name in wanted]
+        cold.sort(key=lambda s: -s.visits - self.recent.count(s.name))
+        room, picked = int(PREFETCH_BELOW * blocks.num_blocks) - blocks.used, []
+        for slot in cold:
+            need = memory.blocks_of(slot.name)
+            if need <= room:
+                picked.append(slot.name)
+                room -= need
+        return picked
