@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from legato.errors import ConfigError
+from legato.serve.policies import DEFAULT_LINK_GBPS, POLICIES
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
@@ -19,7 +20,17 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--weights", help="HF-named safetensors for a preset")
     parser.add_argument("--tokenizer", help="'byte' (default) or a tokenizer.json")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
-    parser.add_argument("--num-blocks", type=int, default=512, help="KV blocks in the cache")
+    parser.add_argument(
+        "--num-blocks", type=int, default=512, help="device blocks, shared by KV and adapters"
+    )
+    parser.add_argument(
+        "--policy", default="elora", choices=POLICIES, help="device memory policy (elora)"
+    )
+    parser.add_argument("--max-loras", type=int, default=4, help="vllm policy: adapter slots")
+    parser.add_argument(
+        "--link-gbps", type=float, default=DEFAULT_LINK_GBPS,
+        help=f"host-to-device adapter copies (default {DEFAULT_LINK_GBPS}, docs/serving.md)",
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=16, help="requests per batch")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=512, help="tokens per engine step"
@@ -51,14 +62,17 @@ def _engine(args: argparse.Namespace, adapters: dict):
     from legato.serve.engine import Engine, EngineConfig
     from legato.serve.loading import load_served_model
 
-    for flag in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens"):
+    if not args.link_gbps > 0:
+        raise ConfigError(f"--link-gbps: must be > 0, got {args.link_gbps}")
+    for flag in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_loras"):
         if getattr(args, flag) < 1:
             raise ConfigError(
                 f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}"
             )
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
     config = EngineConfig(args.block_size, args.num_blocks, args.max_num_seqs,
-                          args.max_num_batched_tokens, getattr(args, "max_queue", 256))  # fmt: skip
+                          args.max_num_batched_tokens, getattr(args, "max_queue", 256),
+                          args.policy, args.max_loras, args.link_gbps)  # fmt: skip
     return Engine(model, tokenizer, adapters(model), config, model_name=name)
 
 

@@ -90,12 +90,13 @@ class _Layout:
         return torch.cat(pieces)
 
 
-def check_supported(model: Transformer) -> None:
+def check_supported(model: Transformer, field: str = "base", use: str = "LoRA fine-tuning") -> None:
+    """The flat-layout walkers (this one and serving's) cover dense attention only."""
     spec = model.spec
     if spec.moe is not None or spec.mla is not None:
         kind = "MoE" if spec.moe is not None else "MLA"
         raise ConfigError(
-            f"base: LoRA fine-tuning supports dense attention models; {spec.name!r} is {kind}"
+            f"{field}: {use} supports dense attention models; {spec.name!r} is {kind}"
         )
 
 

@@ -32,15 +32,10 @@ from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
 from legato.serve.memory import DeviceMemory
 from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
-from legato.serve.policies import make_policy
+from legato.serve.policies import DEFAULT_LINK_GBPS, make_policy
 from legato.serve.sampling import RequestError, SamplingParams, next_token
 
 WAITING, RUNNING, FINISHED = "waiting", "running", "finished"
-
-
-# A link whose (adapter load / decode step) ratio on the tiny preset here is about that of a
-# Llama-3-8B rank-32 adapter over PCIe 4 on an A100 (docs/serving.md, "The link").
-DEFAULT_LINK_GBPS = 0.4
 
 
 @dataclass
@@ -239,7 +234,7 @@ class Engine:
             if request.state != RUNNING:  # preempted below to make room for an older one
                 continue
             n = min(len(request.known) - request.cached, budget)
-            if not self._reserve(request, request.cached + n, preempt=True):
+            if not self._reserve(request, request.cached + n, preempt=True, keep=scheduled):
                 continue
             parts.append(self._rows(request, n))
             scheduled.append(request)
@@ -281,12 +276,15 @@ class Engine:
         request.committed = len(request.blocks)
         request.cached = request.committed * size
 
-    def _reserve(self, request: Request, tokens: int, preempt: bool) -> bool:
-        """Blocks for ``tokens`` positions of ``request``; with ``preempt``, newer running
-        requests give theirs up first (else False and nothing changes)."""
+    def _reserve(
+        self, request: Request, tokens: int, preempt: bool, keep: Sequence[Request] = ()
+    ) -> bool:
+        """Blocks for ``tokens`` positions of ``request``; with ``preempt``, the newest
+        running requests not in this step's batch (``keep``) give theirs up first, then
+        ``request`` itself (else False and nothing changes)."""
         need = self.blocks.blocks_for(tokens) - len(request.blocks)
         while need > self.memory.evictable():
-            victims = [r for r in self.running if r is not request and r.state == RUNNING]
+            victims = [r for r in self.running if r is not request and r not in keep]
             if not preempt or not victims:
                 if request.state == RUNNING and preempt:
                     self._preempt(request)

@@ -47,9 +47,11 @@ def load_served_model(
     return built.eval(), load_tokenizer(tokenizer or "byte"), built.spec.name
 
 
-def load_adapters(paths: list[str], model: Transformer) -> dict[str, LoraAdapter]:
+def load_adapters(
+    paths: list[str], model: Transformer, flag: str = "--adapters"
+) -> dict[str, LoraAdapter]:
     """Every PEFT folder in ``paths`` (a folder with ``adapter_config.json``, or a folder
-    holding such folders), named by its folder."""
+    holding such folders), named by its folder; ``flag`` names the argument in errors."""
     found: dict[str, LoraAdapter] = {}
     for given in paths:
         root = Path(given).expanduser()
@@ -58,12 +60,11 @@ def load_adapters(paths: list[str], model: Transformer) -> dict[str, LoraAdapter
         ) if root.is_dir() else []  # fmt: skip
         if not folders:
             raise CheckpointError(
-                f"--adapters: {root} is not a PEFT adapter folder ({CONFIG_FILE}) or a folder "
-                "of them"
+                f"{flag}: {root} is not a PEFT adapter folder ({CONFIG_FILE}) or a folder of them"
             )
         for folder in folders:
             if folder.name in found:
-                raise CheckpointError(f"--adapters: two adapters named {folder.name!r}")
+                raise CheckpointError(f"{flag}: two adapters named {folder.name!r}")
             found[folder.name] = load_adapter(folder, model).eval()
     return found
 

@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter
+from legato.lora.packed_model import check_supported
 from legato.lora.segmented import Segment, lora_forward
 from legato.models.attention import grouped_sdpa
 from legato.models.mlp import activate
@@ -76,15 +76,6 @@ class PagedKVCache:
         return flat[0, :length], flat[1, :length]
 
 
-def check_servable(model: Transformer) -> None:
-    spec = model.spec
-    if spec.moe is not None or spec.mla is not None:
-        kind = "MoE" if spec.moe is not None else "MLA"
-        raise ConfigError(
-            f"--model: serving supports dense attention models; {spec.name!r} is {kind}"
-        )
-
-
 class _Lora:
     """Each adapter's LoRA on its requests' rows (consecutive requests of one adapter form
     one segment)."""
@@ -123,7 +114,7 @@ class PagedModel:
     """``step(parts)``: the next-token logits of each part's last new token."""
 
     def __init__(self, model: Transformer, cache: PagedKVCache) -> None:
-        check_servable(model)
+        check_supported(model, "--model", "serving")
         self.model = model.eval().requires_grad_(False)
         self.cache = cache
 

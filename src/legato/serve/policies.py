@@ -28,6 +28,10 @@ import math
 from collections import deque
 
 POLICIES = ("vllm", "slora", "elora")
+# A link whose (adapter load / decode step) ratio for the tiny preset's rank-8 adapters on a
+# 2-core CPU is about that of Llama-3-8B rank-64 adapters over PCIe 4 (docs/serving.md,
+# "The link"); benchmarks/serving_policies.py prints the ratio it measured.
+DEFAULT_LINK_GBPS = 1.0
 PREFETCH_BELOW = 0.7  # ELORA prefetches while the pool is less full than this
 RECENT = 256  # requests that make up "the recent request mix"
 
