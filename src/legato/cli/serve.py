@@ -98,9 +98,10 @@ def _generate(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.serve.loading import load_adapters
     from legato.serve.sampling import SamplingParams
 
-    engine = _engine(
-        args, lambda model: load_adapters([args.adapter], model) if args.adapter else {}
-    )
+    def adapters(model):
+        return load_adapters([args.adapter], model, "--adapter") if args.adapter else {}
+
+    engine = _engine(args, adapters)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             stop=tuple(args.stop))  # fmt: skip
