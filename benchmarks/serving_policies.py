@@ -15,7 +15,8 @@ blocks whose adapter was not resident (sampled every step) and bytes swapped in;
 request rate with p99 TTFT under ``--slo-ttft-ms`` per policy (ratio ELORA / vLLM, > 1
 better); and the measured (adapter load time / median decode step) the link default is set
 by; and the engine's output tokens/s against HF PEFT generating the same 32 requests one
-at a time (``set_adapter`` per request). ``--png`` draws TTFT and TPOT against the rate.
+at a time (``set_adapter`` per request); and the ablation of ELORA's tree and of its cost
+model on the contended cases. ``--png`` draws TTFT and TPOT against the rate.
 
     python benchmarks/serving_policies.py [--quick] [--png docs/images/serving_policies.png]
 """
@@ -35,7 +36,7 @@ from legato.data.tokenizer import ByteTokenizer
 from legato.models import build_model
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters
-from legato.serve.policies import POLICIES
+from legato.serve.policies import POLICIES, EloraPolicy
 from legato.serve.sampling import SamplingParams
 from legato.serve.workload import azure_trace, prompt_text, synthetic
 from legato.specs.registry import load_model
@@ -94,17 +95,38 @@ def replay(engine: Engine, stream, instructions: dict) -> dict:
     }
 
 
-def run_case(model, adapters, stream, args) -> dict[str, dict]:
+def run_case(model, adapters, stream, args, policies=POLICIES) -> dict[str, dict]:
+    """``stream`` under each policy (a name, or a zero-argument factory for a variant)."""
     tokenizer = ByteTokenizer()
     rng = np.random.default_rng(0)
     instructions = {name: rng.integers(97, 123, INSTRUCTION).tolist() for name in adapters}
     out = {}
-    for policy in POLICIES:
+    for policy in policies:
+        chosen = policy if isinstance(policy, str) else policy()
         config = EngineConfig(block_size=16, num_blocks=args.num_blocks, max_num_seqs=16,
-                              policy=policy, max_loras=args.max_loras)  # fmt: skip
+                              policy=chosen, max_loras=args.max_loras)  # fmt: skip
         engine = Engine(model, tokenizer, adapters, config)
-        out[policy] = replay(engine, stream, instructions)
+        out[engine.policy.name] = replay(engine, stream, instructions)
     return out
+
+
+ABLATION_CASES = ((20, 1.0, 32.0), (20, 1.0, 64.0), (50, 0.3, 64.0), (50, 1.0, 64.0))
+
+
+def ablation(model, args) -> None:
+    """ELORA against itself without the dependency tree (Eval over every idle item) and
+    without the cost model (the tree's leaves in LRU order), on the contended cases."""
+    variants = ("elora", lambda: EloraPolicy(tree=False), lambda: EloraPolicy(cost_model=False))
+    for count, alpha, rate in ABLATION_CASES:
+        adapters = generated_adapters(model, count=count, rank=8)
+        stream = synthetic(args.num_prompts, rate, 1.0, list(adapters), alpha, (8, 64), (8, 32))
+        results = run_case(model, adapters, stream, args, variants)
+        case = {"stream": "synthetic", "adapters": count, "alpha": alpha, "rate": rate,
+                "ablation": True}  # fmt: skip
+        for base in ("elora-no-tree", "elora-lru"):
+            for metric in ("mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "kv_without_adapter"):
+                emit(BENCHMARK, case, metric, results["elora"][metric], base,
+                     results[base][metric], digits=4, ratio_digits=3)  # fmt: skip
 
 
 def report(case: dict, results: dict[str, dict]) -> None:
@@ -226,6 +248,8 @@ def main() -> None:
     instructions = {name: rng.integers(97, 123, INSTRUCTION).tolist() for name in adapters}
     stream = synthetic(32, math.inf, 1.0, list(adapters), alphas[0], (8, 64), (8, 32), seed=1)
     throughput_vs_peft(model, adapters, stream, instructions)
+    if not args.quick:
+        ablation(model, args)
 
 
 def render(sweep: dict[str, list[tuple[float, dict]]], path: Path) -> None:

@@ -23,6 +23,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -45,7 +46,7 @@ class EngineConfig:
     max_num_seqs: int = 16
     max_num_batched_tokens: int = 512
     max_queue: int = 256  # waiting requests beyond this are refused (HTTP 429)
-    policy: str = "elora"  # vllm | slora | elora (serve/policies.py)
+    policy: Any = "elora"  # vllm | slora | elora, or a policy object (serve/policies.py)
     max_loras: int = 4  # vllm: adapter slots on the device
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
@@ -94,7 +95,8 @@ class Engine:
         self.blocks = BlockManager(self.config.num_blocks, self.config.block_size)
         self.cache = PagedKVCache(model, self.config.num_blocks, self.config.block_size)
         self.runner = PagedModel(model, self.cache)
-        self.policy = make_policy(self.config.policy)
+        policy = self.config.policy
+        self.policy = make_policy(policy) if isinstance(policy, str) else policy
         self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy,
                                    self.config.link_gbps, self.config.max_loras)  # fmt: skip
         for name, adapter in self.adapters.items():

@@ -86,9 +86,16 @@ class SloraPolicy(VllmPolicy):
 
 
 class EloraPolicy(SloraPolicy):
+    """``tree=False`` ranks every idle item by Eval (no dependency order) and
+    ``cost_model=False`` ranks the tree's leaves least recently used first: the two
+    ablations of ``benchmarks/serving_policies.py``."""
+
     name = "elora"
 
-    def __init__(self) -> None:
+    def __init__(self, tree: bool = True, cost_model: bool = True) -> None:
+        self.tree, self.cost_model = tree, cost_model
+        if not (tree and cost_model):
+            self.name = "elora" + ("" if tree else "-no-tree") + ("" if cost_model else "-lru")
         self.recent: deque[str | None] = deque(maxlen=RECENT)
 
     def observe(self, adapter: str | None) -> None:
@@ -115,20 +122,18 @@ class EloraPolicy(SloraPolicy):
         keep_all = min(1.0, resident / low)
         block_cost = memory.pool.shape[1] * memory.pool.element_size() / memory.link_bytes_per_s
         for b in _idle_kv(memory):
-            if blocks.is_leaf(b):
+            if blocks.is_leaf(b) or not self.tree:
                 retain = self._retain(block_cost, blocks.visits[b], now - blocks.last_used[b])
-                yield keep_all * retain, "kv", b
+                yield (keep_all * retain if self.cost_model else blocks.last_used[b]), "kv", b
         owners = {blocks.owner[b] for b in range(blocks.num_blocks) if blocks.owner[b]}
         for slot in memory.idle_adapters():
-            if slot.name == for_adapter or slot.name in owners:
+            if slot.name == for_adapter or (self.tree and slot.name in owners):
                 continue  # not a leaf: its KV blocks go first
             cost = slot.host.numel() * slot.host.element_size() / memory.link_bytes_per_s
+            retain = self._retain(cost, slot.visits, now - slot.last_used)
             lora_eval = min(1.0, (resident - 1) / low)
-            yield (
-                lora_eval * self._retain(cost, slot.visits, now - slot.last_used),
-                "adapter",
-                slot.name,
-            )
+            score = lora_eval * retain if self.cost_model else slot.last_used
+            yield score, "adapter", slot.name
 
     def victim(self, memory, now: float, for_adapter: str | None):
         best = min(self._scores(memory, now, for_adapter), default=None, key=lambda s: s[0])
