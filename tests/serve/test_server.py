@@ -166,3 +166,27 @@ def test_metrics_use_vllm_names(server):
                  "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
                  "vllm:lora_requests_info"):  # fmt: skip
         assert name in text, name
+
+
+def test_bad_token_ids_are_refused_and_stop_text_is_held_back(server):
+    from legato.serve.server import _held_back
+
+    _, base, _ = server
+    reply = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": [5, 10**6]},
+                       trust_env=False)  # fmt: skip
+    assert reply.status_code == 400 and "token ids" in reply.json()["error"]["message"]
+    # half a UTF-8 character after the start of a stop string: both are held back
+    assert _held_back("abx\ufffd", ("xé",)) == 2
+    assert _held_back("abc", ("cd",)) == 1 and _held_back("abc", ("zz",)) == 0
+
+
+def test_unloading_an_adapter_forgets_its_cached_prefixes(server, tmp_path):
+    engine, base, client = server
+    save_adapter(engine.adapters["lora-1"], tmp_path / "temp", "tiny")
+    httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
+               json={"lora_name": "temp", "lora_path": str(tmp_path / "temp")})  # fmt: skip
+    client.completions.create(model="temp", prompt="x" * 40, max_tokens=2)
+    _idle(engine)
+    assert any(engine.blocks.owner[b] == "temp" for b in engine.blocks.idle)
+    httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "temp"}, trust_env=False)
+    assert not any(owner == "temp" for owner in engine.blocks.owner)

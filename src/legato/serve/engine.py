@@ -70,6 +70,7 @@ class Request:
     first_token_s: float | None = None
     preemptions: int = 0
     generator: torch.Generator | None = None
+    error: str | None = None  # set when the engine failed under the request
 
     @property
     def known(self) -> list[int]:
@@ -131,6 +132,7 @@ class Engine:
                     f"lora_path: the adapter needs {self.memory.blocks_of(name)} blocks, "
                     f"larger than a LoRA slot ({slot_blocks})", 400, "lora_path",
                 )  # fmt: skip
+            self._forget_prefixes(name)
             self.versions[name] = self.versions.get(name, -1) + 1
             self.adapters[name] = adapter
 
@@ -141,7 +143,23 @@ class Engine:
             if any(r.adapter == name for r in (*self.waiting, *self.running)):
                 raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
             del self.adapters[name]
+            self._forget_prefixes(name)
             self.memory.remove_adapter(name)
+
+    def _forget_prefixes(self, name: str) -> None:
+        """Evict the idle cached blocks of ``name``: after an unload or a reload (a new
+        version) nothing can match them, and none may outlive its adapter."""
+        for block in [b for b in self.blocks.idle if self.blocks.owner[b] == name]:
+            self.blocks.evict(block)
+
+    def fail_all(self, reason: str) -> None:
+        """End every request (the step raised): each client gets its answer so far."""
+        with self.lock:
+            for request in [*self.running, *self.waiting]:
+                if request in self.waiting:
+                    self.waiting.remove(request)
+                self._finish(request, "abort")
+                request.error = reason
 
     # ------------------------------------------------------------------ requests
 
@@ -158,6 +176,9 @@ class Engine:
             raise RequestError(f"model: the model {adapter!r} does not exist", 404, "model")
         if not prompt:
             raise RequestError("prompt: must not be empty", 400, "prompt")
+        vocab = self.tokenizer.vocab_size
+        if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
+            raise RequestError(f"prompt: token ids must be in [0, {vocab})", 400, "prompt")
         total = len(prompt) + params.max_tokens
         if total > self.max_model_len:
             raise RequestError(

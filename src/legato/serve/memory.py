@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from legato.errors import ConfigError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.serve.blocks import BlockManager
 
@@ -111,6 +112,11 @@ class DeviceMemory:
         of the pool for good; the blocks reserved."""
         per_slot = max((self.blocks_of(n) for n in self.adapters), default=0)
         self.slot_blocks = per_slot
+        if self.max_loras * per_slot >= self.blocks.num_blocks:
+            raise ConfigError(
+                f"--max-loras: {self.max_loras} slots of {per_slot} blocks leave no KV blocks "
+                f"of the {self.blocks.num_blocks} in --num-blocks"
+            )
         self.region = [self.blocks.allocate() for _ in range(self.max_loras * per_slot)]
         return len(self.region)
 

@@ -55,14 +55,20 @@ class EngineThread:
     def _run(self) -> None:
         while not self._stop:
             if self.engine.has_work:
-                self.engine.step()
+                try:
+                    self.engine.step()
+                except Exception as exc:  # a bug must not leave every client waiting forever
+                    self.engine.fail_all(f"{type(exc).__name__}: {exc}")
             else:
                 self._wake.wait(0.05)
                 self._wake.clear()
 
     def submit(self, prompt, params, adapter, on_update):
+        counted = []
+
         def update(request) -> None:
-            if request.state == FINISHED:
+            if request.state == FINISHED and not counted:  # abort and step may both report it
+                counted.append(True)
                 self.metrics.observe_finished(request, time.monotonic())
             on_update(request)
 
@@ -79,13 +85,15 @@ class EngineThread:
 def _held_back(text: str, stops: tuple[str, ...]) -> int:
     """How many trailing characters may not be sent yet: half a UTF-8 character, or the
     start of a stop string."""
-    keep = len(text) - len(text.rstrip("\ufffd"))
+    whole = text.rstrip("\ufffd")
+    partial = len(text) - len(whole)
+    keep = 0
     for stop in stops:
-        for n in range(min(len(stop) - 1, len(text)), 0, -1):
-            if text.endswith(stop[:n]):
+        for n in range(min(len(stop) - 1, len(whole)), 0, -1):
+            if whole.endswith(stop[:n]):
                 keep = max(keep, n)
                 break
-    return keep
+    return partial + keep
 
 
 def create_app(engine: Engine, adapter_paths: dict[str, str] | None = None) -> FastAPI:
@@ -149,6 +157,8 @@ def create_app(engine: Engine, adapter_paths: dict[str, str] | None = None) -> F
         except asyncio.CancelledError:
             engine.abort(request)
             raise
+        if request.error:
+            raise RequestError(f"the engine failed: {request.error}", 500)
         counts = usage(len(prompt), len(request.output))
         return completion_body(request.id, body.model, request.text, request.finish_reason,
                                chat, counts)  # fmt: skip
@@ -173,6 +183,8 @@ def create_app(engine: Engine, adapter_paths: dict[str, str] | None = None) -> F
                         chunk["choices"][0]["delta"] = {"content": text[sent:upto]}
                     sent = max(sent, upto)
                     yield f"data: {json.dumps(chunk)}\n\n"
+            if request.error:
+                yield f"data: {json.dumps(error_body(request.error, 500))}\n\n"
             if body.include_usage:
                 last = completion_body(request.id, body.model, "", None, chat, None)
                 last["choices"] = []
@@ -226,7 +238,8 @@ def create_app(engine: Engine, adapter_paths: dict[str, str] | None = None) -> F
 
     @app.get("/metrics")
     async def prometheus():
-        metrics.observe_engine(engine)
+        with engine.lock:
+            metrics.observe_engine(engine)
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
