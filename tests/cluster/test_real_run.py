@@ -109,18 +109,21 @@ def test_a_failed_job_frees_its_device_for_the_others(measured, tmp_path):
     """A worker that dies takes only its own job down: it is reported, its device goes to
     the job that waited for it, and that job finishes."""
     jobs = [
-        ClusterJob("victim", TINY.key, workers=1, steps=100_000),
+        ClusterJob("victim", TINY.key, workers=1, steps=5_000),  # ends even if not killed
         ClusterJob("steady", TINY.key, workers=1, steps=1200),
         ClusterJob("waiter", TINY.key, workers=1, steps=60, arrival_s=1.0),
     ]
     executor = Executor(ClusterShape(1, 2), jobs, {TINY.name: TINY}, _workloads(measured),
                         Fifo(), tmp_path, say=lambda _: None)  # fmt: skip
 
+    killed = threading.Event()
+
     def kill_victim():
         for _ in range(600):
             incarnation = executor.running.get("victim")
             if incarnation is not None and incarnation.poll()[0]["step"] >= 5:
                 ray.kill(incarnation.actors[0])
+                killed.set()
                 return
             time.sleep(0.1)
 
@@ -128,6 +131,7 @@ def test_a_failed_job_frees_its_device_for_the_others(measured, tmp_path):
     killer.start()
     ran = executor.run()
     killer.join()
+    assert killed.is_set()
     states = {s.name: s for s in ran.result.jobs}
     assert set(ran.failures) == {"victim"}
     assert states["steady"].finished_s is not None
@@ -135,3 +139,22 @@ def test_a_failed_job_frees_its_device_for_the_others(measured, tmp_path):
     # the waiter got the victim's device while the steady job still held the other one
     assert states["waiter"].started_s >= states["victim"].last_run_s - 1.0
     assert states["steady"].finished_s > states["waiter"].started_s
+
+
+def test_a_launch_that_fails_fails_its_job_only(measured, tmp_path):
+    """A type whose trainer cannot start (its data path does not exist) fails that job with
+    its error; the other job runs to its end and nothing of the failed launch is left."""
+    broken = JobType("broken", 2, {"model": {"preset": "tiny", "overrides": {"num_layers": 1}},
+                                   "data": {"seq_len": 32, "paths": [str(tmp_path / "none.txt")]}})  # fmt: skip
+    jobs = [ClusterJob("bad", TINY.key, workers=1, steps=50),
+            ClusterJob("good", TINY.key, workers=1, steps=50)]  # fmt: skip
+    executor = Executor(ClusterShape(1, 2), jobs, {TINY.name: TINY}, _workloads(measured),
+                        Fifo(), tmp_path, say=lambda _: None)  # fmt: skip
+    executor.kind["bad"] = broken  # same speed table, a trainer that cannot start
+    ran = executor.run()
+    assert set(ran.failures) == {"bad"} and "none.txt" in ran.failures["bad"]
+    assert {s.name: s for s in ran.result.jobs}["good"].finished_s is not None
+    assert not executor.running
+    from ray.util import placement_group_table
+
+    assert all(g["state"] == "REMOVED" for g in placement_group_table().values())

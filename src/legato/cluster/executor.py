@@ -23,7 +23,7 @@ from pathlib import Path
 
 from legato.cluster.job_types import JobType, runnable_split, train_config
 from legato.cluster.jobs import ClusterJob, ClusterShape, check_jobs
-from legato.cluster.placement import Assignment, Placement, check_assignment, tenants
+from legato.cluster.placement import Assignment, Placement, check_assignment
 from legato.cluster.ray_jobs import Incarnation, launch
 from legato.cluster.simulator import ClusterView, JobProgress, Policy, SimulationResult
 from legato.cluster.workloads import Workloads
@@ -117,7 +117,9 @@ class Executor:
                         assignment, by_name, self.shape,
                         {n: by_name[n].local_batches(self.workloads) for n in assignment},
                     )  # fmt: skip
-                    self._apply(assignment, active, now, out, launched_at)
+                    for state in self._apply(assignment, active, now, out, launched_at):
+                        self._fail(state, now, out, active)
+                        ended += 1
                     if progress is not None:
                         progress(ended, len(self.jobs))
                 last = now
@@ -137,38 +139,79 @@ class Executor:
         now: float,
         out: RunResult,
         launched_at: dict[str, tuple[float, float]],
-    ) -> None:
+    ) -> list[JobProgress]:
+        """Carry ``assignment`` out; the jobs that failed doing so (their error recorded)."""
+        failed = []
         for state in active:  # stops first: a move's devices may be another job's new ones
             new, old = assignment.get(state.name), state.placement
             if old is not None and (new is None or new.devices != old.devices):
                 incarnation = self.running.pop(state.name)
-                state.done = float(min(p["step"] for p in incarnation.stop()))
+                polled = incarnation.stop()
                 incarnation.release()
+                state.done = float(min(p["step"] for p in polled))
+                state.placement = None
+                error = next((p["error"] for p in polled if p["error"]), None)
+                if error or not all(p["finished"] for p in polled):  # no checkpoint to resume
+                    out.failures[state.name] = error or "did not stop (and checkpoint) in time"
+                    failed.append(state)
+                    continue
                 what = "moved" if new else "preempted"
                 self._log(out, now, f"{state.name} {what} after step {state.done:.0f}")
-                state.placement = None
-        slots = {
-            (name, worker): slot
-            for on in tenants(assignment).values()
-            for slot, (name, worker) in enumerate(on)
-        }
+        slots = self._slots(assignment)
         for state in active:
             new, old = assignment.get(state.name), state.placement
-            if new is None:
+            if new is None or state in failed:
                 continue
             split = self._split(state.job, new)
-            if old is None:
-                self._start(state, new, split, slots, now, out)
-                launched_at[state.name] = (now, state.done)
+            try:
+                if old is None:
+                    self._start(state, new, split, slots, now, out)
+                    launched_at[state.name] = (now, state.done)
+                    continue
+                incarnation = self.running[state.name]
+                if new.shares != old.shares:
+                    incarnation.set_share(new.shares)
+                    self._log(out, now, f"{state.name} shares {', '.join(incarnation.shares)}")
+                if split != self._split(state.job, old):
+                    incarnation.set_split(split)
+                    self._log(out, now, f"{state.name} local batches {list(split)}")
+            except Exception as exc:  # a launch or a call that failed: this job only
+                out.failures[state.name] = f"{type(exc).__name__}: {exc}"
+                failed.append(state)
                 continue
-            incarnation = self.running[state.name]
-            if new.shares != old.shares:
-                incarnation.set_share(new.shares)
-                self._log(out, now, f"{state.name} shares {', '.join(incarnation.shares)}")
-            if split != self._split(state.job, old):
-                incarnation.set_split(split)
-                self._log(out, now, f"{state.name} local batches {list(split)}")
             state.placement = new
+        return failed
+
+    def _slots(self, assignment: Assignment) -> dict[tuple[str, int], int]:
+        """Each worker's place among its device's tenants: running workers keep theirs, a
+        new one takes the lowest free (two core-capped tenants must not share cores)."""
+        held: dict[int, set[int]] = {}
+        slots: dict[tuple[str, int], int] = {}
+        for name, incarnation in self.running.items():
+            for worker, (device, slot) in enumerate(
+                zip(incarnation.devices, incarnation.slots, strict=True)
+            ):
+                held.setdefault(device, set()).add(slot)
+                slots[(name, worker)] = slot
+        for name, placement in assignment.items():
+            if name in self.running:
+                continue
+            for worker, device in enumerate(placement.devices):
+                taken = held.setdefault(device, set())
+                slot = min(set(range(len(taken) + 1)) - taken)
+                taken.add(slot)
+                slots[(name, worker)] = slot
+        return slots
+
+    def _fail(self, state: JobProgress, now: float, out: RunResult, active) -> None:
+        incarnation = self.running.pop(state.name, None)
+        if incarnation is not None:
+            incarnation.release()
+        active.remove(state)
+        state.placement = None
+        self._log(
+            out, now, f"{state.name} FAILED: {out.failures[state.name]}; its devices are freed"
+        )
 
     def _start(self, state, placement, split, slots, now, out) -> None:
         job = state.job

@@ -26,7 +26,7 @@ from typing import Any
 
 from legato.atomic import write_atomic, write_text_atomic
 from legato.cluster.job_types import JobType, train_config
-from legato.cluster.ray_jobs import launch
+from legato.cluster.ray_jobs import START_TIMEOUT_S, launch
 from legato.errors import DataError
 
 DEVICE = "cpu"  # the table's device key (Gavel's are v100, p100, k80)
@@ -51,28 +51,18 @@ def measure(
     tenants: dict[int, int] = {}
     running = []
     launched = time.monotonic()
-    for i, probe in enumerate(probes):
-        slots = []
-        for device in probe.devices:
-            slots.append(tenants.get(device, 0))
-            tenants[device] = slots[-1] + 1
-        workers = len(probe.devices)
-        config = train_config(
-            probe.kind, PROFILE_STEPS, workers, probe.batch * workers, work_dir / f"probe{i}"
-        )
-        running.append(
-            launch(
-                f"probe{i}",
-                config,
-                probe.devices,
-                None,
-                tuple(slots),
-                cores_per_device,
-                run_id,
-                0.0,
-            )
-        )
     try:
+        for i, probe in enumerate(probes):
+            slots = []
+            for device in probe.devices:
+                slots.append(tenants.get(device, 0))
+                tenants[device] = slots[-1] + 1
+            workers = len(probe.devices)
+            config = train_config(
+                probe.kind, PROFILE_STEPS, workers, probe.batch * workers, work_dir / f"probe{i}"
+            )
+            where = (probe.devices, None, tuple(slots), cores_per_device, run_id, 0.0)
+            running.append(launch(f"probe{i}", config, *where))
         startup: list[float | None] = [None] * len(probes)
         while True:
             steps = [_step(r) for r in running]
@@ -81,6 +71,8 @@ def measure(
                     startup[i] = time.monotonic() - launched
             if min(steps) >= WARM_STEPS:
                 break
+            if time.monotonic() - launched > START_TIMEOUT_S:
+                raise RuntimeError(f"profiling: no {WARM_STEPS} steps in {START_TIMEOUT_S:.0f} s")
             time.sleep(0.1)
         first, began = [_step(r) for r in running], time.monotonic()
         time.sleep(window_s)

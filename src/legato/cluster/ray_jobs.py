@@ -101,6 +101,7 @@ class Incarnation:
     cgroups: list[str | None]
     started_s: float
     shares: list[str] = field(default_factory=list)
+    slots: tuple[int, ...] = ()  # each worker's place among its device's tenants
 
     def poll(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
         """Every worker's state; a dead actor reads as a failed worker."""
@@ -168,25 +169,29 @@ def launch(
 
     bundles = [{DEVICE_RESOURCE.format(d): 1} for d in devices]
     group = placement_group(bundles, strategy="PACK", name=f"{run_id}-{job}")
-    ray.get(group.ready(), timeout=START_TIMEOUT_S)
     actor_class = ray.remote(num_cpus=0, max_concurrency=4)(TrainerWorker)
     stamp = int(time.time() * 1000)
-    actors = [
-        actor_class.options(
-            scheduling_strategy=PlacementGroupSchedulingStrategy(
-                group, placement_group_bundle_index=i
-            )
-        ).remote(f"{run_id}/{job}-w{i}-{stamp}", d, cores_per_device, slots[i])
-        for i, d in enumerate(devices)
-    ]
-    master = ray.get(actors[0].address.remote(), timeout=START_TIMEOUT_S)
-    values = shares or (None,) * len(devices)
-    described = ray.get(
-        [a.start.remote(config, r, len(devices), master, values[r]) for r, a in enumerate(actors)],
-        timeout=START_TIMEOUT_S,
-    )
-    cgroups = ray.get([a.cgroup.remote() for a in actors])
-    return Incarnation(job, tuple(devices), actors, group, cgroups, now_s, described)
+    actors: list[Any] = []
+    try:
+        ray.get(group.ready(), timeout=START_TIMEOUT_S)
+        for i, d in enumerate(devices):
+            strategy = PlacementGroupSchedulingStrategy(group, placement_group_bundle_index=i)
+            actors.append(actor_class.options(scheduling_strategy=strategy).remote(
+                f"{run_id}/{job}-w{i}-{stamp}", d, cores_per_device, slots[i]))  # fmt: skip
+        master = ray.get(actors[0].address.remote(), timeout=START_TIMEOUT_S)
+        values = shares or (None,) * len(devices)
+        described = ray.get(
+            [
+                a.start.remote(config, r, len(devices), master, values[r])
+                for r, a in enumerate(actors)
+            ],
+            timeout=START_TIMEOUT_S,
+        )
+        cgroups = ray.get([a.cgroup.remote() for a in actors])
+    except BaseException:  # nothing of a half-started incarnation may outlive it
+        Incarnation(job, tuple(devices), actors, group, [], now_s).release()
+        raise
+    return Incarnation(job, tuple(devices), actors, group, cgroups, now_s, described, tuple(slots))
 
 
 def _remove_when_empty(path: str | None, timeout_s: float = 5.0) -> None:
