@@ -64,10 +64,11 @@ class CpuShare:
         pin_process(cores)
         for group in _cgroup_dirs(name):
             try:
+                _enable_cpu_controller(group)
                 group.mkdir(parents=True, exist_ok=True)
-                (group / "cgroup.procs").write_text(str(os.getpid()))
                 if not any((group / f).exists() for f in ("cpu.max", "cpu.cfs_quota_us")):
-                    raise OSError("no cpu controller")
+                    raise OSError("no cpu controller")  # checked before the process moves in
+                (group / "cgroup.procs").write_text(str(os.getpid()))
             except OSError:
                 with contextlib.suppress(OSError):
                     group.rmdir()
@@ -118,3 +119,17 @@ def _cgroup_dirs(name: str) -> list[Path]:
     if (CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us").exists():
         places.append(CGROUP_ROOT / "cpu" / "legato" / name)
     return places
+
+
+def _enable_cpu_controller(group: Path) -> None:
+    """cgroup v2 gives a child ``cpu.max`` only where every parent delegates the controller
+    (``+cpu`` in its ``cgroup.subtree_control``); v1 needs nothing."""
+    if not (CGROUP_ROOT / "cgroup.controllers").is_file():
+        return
+    parent = CGROUP_ROOT
+    for part in group.relative_to(CGROUP_ROOT).parts[:-1]:
+        control = parent / "cgroup.subtree_control"
+        if "cpu" not in control.read_text().split():
+            control.write_text("+cpu")
+        parent = parent / part
+        parent.mkdir(exist_ok=True)
