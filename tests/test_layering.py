@@ -15,6 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "legato"
 # Rank of each sub-package; a module may import packages of equal or lower rank only.
 LAYER_RANK = {
     "errors": 0,
+    "csv_rows": 1,
     "atomic": 0,
     "specs": 1,
     "cost": 2,

@@ -11,13 +11,13 @@ schedulers' evaluations).
 
 from __future__ import annotations
 
-import csv
 import random
 from datetime import datetime
 from pathlib import Path
 
 from legato.cluster.jobs import ClusterJob
 from legato.cluster.workloads import Workloads, bundled
+from legato.csv_rows import read_rows
 from legato.errors import DataError
 
 REQUIRED = ("timestamp", "duration", "num_gpus")
@@ -32,22 +32,14 @@ def default_trace() -> Path:
 def read_trace(path: str | Path) -> list[tuple[int, float, float, int]]:
     """(line, submission seconds, duration s, gpus) of every row, in submission order; a
     malformed row is refused naming its line."""
-    path = Path(path)
-    rows = []
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in REQUIRED if c not in (reader.fieldnames or [])]
-            if missing:
-                raise DataError(
-                    f"--trace: {path} lacks column(s) {missing}; the Philly format has "
-                    f"{', '.join(REQUIRED)}, ..."
-                )
-            rows = [_parse_row(path, reader.line_num, row) for row in reader]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"--trace: cannot read {path} ({exc})") from None
-    if not rows:
-        raise DataError(f"--trace: {path} has no job rows")
+    rows = read_rows(
+        path,
+        flag="--trace",
+        columns=REQUIRED,
+        format_name="the Philly format",
+        row_kind="job",
+        parse=_parse_row,
+    )
     rows.sort(key=lambda r: (r[1], r[0]))
     return rows
 

@@ -23,7 +23,6 @@ No torch here: the stream is plain data, built before the clock starts.
 
 from __future__ import annotations
 
-import csv
 import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from legato.csv_rows import read_rows
 from legato.errors import ConfigError, DataError
 
 AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
@@ -143,21 +143,14 @@ def azure_trace(
 
 def read_azure(path: str | Path) -> list[tuple[float, int, int]]:
     """(arrival in epoch seconds, prompt tokens, output tokens) of every row, in arrival order."""
-    path = Path(path)
-    try:
-        with open(path, newline="", encoding="utf-8") as handle:
-            reader = csv.DictReader(handle)
-            missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or [])]
-            if missing:
-                raise DataError(
-                    f"--trace: {path} lacks column(s) {missing}; the Azure LLM trace has "
-                    f"{','.join(AZURE_COLUMNS)}"
-                )
-            rows = [_parse_azure_row(path, reader.line_num, row) for row in reader]
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DataError(f"--trace: cannot read {path} ({exc})") from None
-    if not rows:
-        raise DataError(f"--trace: {path} has no request rows")
+    rows = read_rows(
+        path,
+        flag="--trace",
+        columns=AZURE_COLUMNS,
+        format_name="the Azure LLM trace",
+        row_kind="request",
+        parse=_parse_azure_row,
+    )
     rows.sort(key=lambda r: r[0])  # stable: rows of one timestamp keep the file's order
     return rows
 
