@@ -26,7 +26,7 @@ from legato.cluster.executor import Executor
 from legato.cluster.jobs import read_jobs_and_types
 from legato.cluster.policies import make_policy
 from legato.cluster.profile import profile, read_profile
-from legato.cluster.ray_jobs import start_ray
+from legato.cluster.ray_jobs import ray_session
 from legato.cluster.report import render, run_report
 from legato.cluster.simulator import simulate
 from legato.cluster.workloads import load_workloads
@@ -47,7 +47,11 @@ def main() -> None:
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="legato-real-run-"))
     shape, _, types = read_jobs_and_types(args.jobs_file, None)
-    start_ray(shape.devices, 1)
+    with ray_session(shape.devices, 1):
+        _benchmark(args, work, shape, types)
+
+
+def _benchmark(args: argparse.Namespace, work: Path, shape, types) -> None:
     if args.profile is None:
         args.profile = work / "profile"
         profile(types, min(shape.devices, 2), args.profile, args.window_s, say=print)

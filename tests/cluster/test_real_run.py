@@ -18,7 +18,7 @@ from legato.cluster.jobs import ClusterJob, ClusterShape  # noqa: E402
 from legato.cluster.placement import Placement  # noqa: E402
 from legato.cluster.policies.fifo import Fifo  # noqa: E402
 from legato.cluster.profile import profile, read_profile  # noqa: E402
-from legato.cluster.ray_jobs import start_ray  # noqa: E402
+from legato.cluster.ray_jobs import ray_session  # noqa: E402
 from legato.cluster.workloads import load_workloads  # noqa: E402
 
 TINY = JobType("tiny2l", 2, {"model": {"preset": "tiny", "overrides": {"num_layers": 1}},
@@ -27,10 +27,8 @@ TINY = JobType("tiny2l", 2, {"model": {"preset": "tiny", "overrides": {"num_laye
 
 @pytest.fixture(scope="module")
 def local_ray():
-    started = start_ray(devices=2, cores_per_device=1)
-    yield
-    if started:
-        ray.shutdown()
+    with ray_session(devices=2, cores_per_device=1):
+        yield
 
 
 @pytest.fixture(scope="module")

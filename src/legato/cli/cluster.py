@@ -209,36 +209,23 @@ def _legato_jobs(path: str, workloads) -> tuple:
 
 def _profile(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.cluster.profile import profile
-    from legato.cluster.ray_jobs import start_ray
+    from legato.cluster.ray_jobs import ray_session
 
     if args.window_s <= 0:
         raise ConfigError(f"--window-s: must be > 0, got {args.window_s}")
     shape, _, types = _legato_jobs(args.jobs_file, None)
     devices = min(shape.devices, 2)
-    started = _start_ray(start_ray, devices, args.cores_per_device, None)
     err = Console(stderr=True)
-    try:
+    with ray_session(devices, args.cores_per_device, None):
         meta = profile(types, devices, args.out, args.window_s, args.cores_per_device, err.print)
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     print(f"wrote {args.out}/colocation.json, {args.out}/profiles/, {args.out}/profile.json "
           f"(start-up {meta['startup_s']:.1f} s)")  # fmt: skip
     return 0
 
 
-def _start_ray(start_ray, devices: int, cores_per_device: int, address: str | None) -> bool:
-    try:
-        return start_ray(devices, cores_per_device, address)
-    except ValueError as exc:
-        raise ConfigError(f"--cores-per-device: {exc}") from None
-
-
 def _run(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.cluster.executor import Executor
-    from legato.cluster.ray_jobs import start_ray
+    from legato.cluster.ray_jobs import ray_session
 
     if "," in args.policy or args.policy == "all":
         raise ConfigError("--policy: `cluster run` runs one policy at a time")
@@ -248,15 +235,9 @@ def _run(args: argparse.Namespace, _extra: list[str]) -> int:
     shape, jobs, types = _legato_jobs(args.jobs_file, workloads)
     cores = meta["cores_per_device"]
     err = Console(stderr=True)
-    started = _start_ray(start_ray, shape.devices, cores, args.address)
-    try:
+    with ray_session(shape.devices, cores, args.address):
         executor = Executor(shape, jobs, types, workloads, policy, args.out, cores, err.print)
         ran = executor.run()
-    finally:
-        if started:
-            import ray
-
-            ray.shutdown()
     predicted = simulate(jobs, shape, workloads, _policies(args.policy, args.objective)[0],
                          meta["startup_s"], start_s=meta["startup_s"])  # fmt: skip
     report = run_report(ran, predicted)

@@ -18,11 +18,14 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from legato.cluster.cpu_share import CpuShare, cores_of
 from legato.cluster.placement import MAX_TENANTS
+from legato.errors import ConfigError
 
 DEVICE_RESOURCE = "legato_device_{}"
 START_TIMEOUT_S = 120.0  # actors placed and the process group joined
@@ -209,24 +212,29 @@ def _remove_when_empty(path: str | None, timeout_s: float = 5.0) -> None:
             time.sleep(0.05)
 
 
-def start_ray(devices: int, cores_per_device: int, address: str | None = None) -> bool:
+@contextmanager
+def ray_session(devices: int, cores_per_device: int, address: str | None = None) -> Iterator[None]:
     """Connect to ``address`` (a Ray cluster whose nodes advertise ``legato_device_<d>``), or
-    start a Ray instance on this host's loopback with its ``devices``; True if this call
-    started it (the caller shuts it down)."""
+    start a Ray instance on this host's loopback with its ``devices``, for the ``with`` block;
+    a Ray this call started is shut down when the block ends, one already running is kept."""
     import ray
 
     if ray.is_initialized():
-        return False
+        yield
+        return
     quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
         ray.init(address=address, **quiet)
     else:
         host = os.cpu_count() or 1
         if devices * cores_per_device > host:
-            raise ValueError(
-                f"{devices} devices of {cores_per_device} core(s) need {devices * cores_per_device} "
-                f"cores; this host has {host}"
+            raise ConfigError(
+                f"--cores-per-device: {devices} devices of {cores_per_device} core(s) need "
+                f"{devices * cores_per_device} cores; this host has {host}"
             )
         resources = {DEVICE_RESOURCE.format(d): MAX_TENANTS for d in range(devices)}
         ray.init(num_cpus=host, resources=resources, _node_ip_address="127.0.0.1", **quiet)
-    return True
+    try:
+        yield
+    finally:
+        ray.shutdown()
