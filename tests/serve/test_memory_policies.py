@@ -9,6 +9,7 @@ import random
 import pytest
 
 from legato.data.tokenizer import ByteTokenizer
+from legato.errors import ConfigError
 from legato.models import build_model
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters
@@ -32,6 +33,17 @@ def _orphans(engine) -> int:
     )
 
 
+def _check_adapter_blocks_apart(engine) -> None:
+    """An adapter's blocks (and vLLM's slot region) are never a request's KV or a cached
+    block: a KV write into them would corrupt the LoRA the next step computes with."""
+    blocks, memory = engine.blocks, engine.memory
+    held = [b for s in memory.adapters.values() for b in s.blocks] + list(memory.region or ())
+    assert len(held) == len(set(held))
+    assert all(blocks.refs[b] == 1 and blocks.hash_of[b] is None for b in held)
+    kv = {b for r in [*engine.running, *engine.waiting] for b in r.blocks} | set(blocks.idle)
+    assert not kv & set(held)
+
+
 @pytest.mark.parametrize("policy", ["vllm", "slora", "elora"])
 def test_random_load_keeps_the_pool_exact(backbone, policy):
     model, adapters = backbone
@@ -50,6 +62,7 @@ def test_random_load_keeps_the_pool_exact(backbone, policy):
             engine.abort(live.pop(rng.randrange(len(live))))
         engine.step()
         engine.blocks.check()
+        _check_adapter_blocks_apart(engine)
         orphans = max(orphans, _orphans(engine))
         if policy == "elora":
             assert _orphans(engine) == 0
@@ -60,3 +73,25 @@ def test_random_load_keeps_the_pool_exact(backbone, policy):
     assert all(s.pins == 0 for s in engine.memory.adapters.values())
     if policy != "elora":
         assert orphans > 0  # the waste ELORA's tree removes
+
+
+def _greedy(engine, adapter: str) -> list[int]:
+    request = engine.add([1, 2, 3, 1, 2], SamplingParams(max_tokens=6, temperature=0), adapter)
+    while engine.has_work:
+        engine.step()
+    return request.output
+
+
+def test_vllm_slots_started_empty_take_adapters_up_to_max_lora_rank(backbone):
+    """With no adapter at start, vLLM's slots are sized by --max-lora-rank; without it the
+    engine refuses to start instead of refusing every later load."""
+    model, adapters = backbone
+    with pytest.raises(ConfigError, match="--max-lora-rank"):
+        Engine(model, ByteTokenizer(), {}, EngineConfig(num_blocks=64, policy="vllm"))
+    config = EngineConfig(block_size=4, num_blocks=128, policy="vllm", max_loras=2, max_lora_rank=4)
+    engine = Engine(model, ByteTokenizer(), {}, config)
+    engine.load_adapter("lora-0", adapters["lora-0"])  # rank 4 on q, k, v, o: fits a slot
+    given = Engine(model, ByteTokenizer(), {"lora-0": adapters["lora-0"]},
+                   EngineConfig(block_size=4, num_blocks=128, policy="vllm", max_loras=2))  # fmt: skip
+    assert _greedy(engine, "lora-0") == _greedy(given, "lora-0")
+    assert engine.memory.slot_blocks > given.memory.slot_blocks  # room for every layer

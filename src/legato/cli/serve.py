@@ -28,6 +28,10 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--max-loras", type=int, default=4, help="vllm policy: adapter slots")
     parser.add_argument(
+        "--max-lora-rank", type=int, default=0,
+        help="vllm policy: each slot holds at least this rank on every layer (0: largest given)",
+    )  # fmt: skip
+    parser.add_argument(
         "--link-gbps", type=float, default=DEFAULT_LINK_GBPS,
         help=f"host-to-device adapter copies (default {DEFAULT_LINK_GBPS}, docs/serving.md)",
     )  # fmt: skip
@@ -69,10 +73,12 @@ def _engine(args: argparse.Namespace, adapters: dict):
             raise ConfigError(
                 f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}"
             )
+    if args.max_lora_rank < 0:
+        raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
     config = EngineConfig(args.block_size, args.num_blocks, args.max_num_seqs,
                           args.max_num_batched_tokens, getattr(args, "max_queue", 256),
-                          args.policy, args.max_loras, args.link_gbps)  # fmt: skip
+                          args.policy, args.max_loras, args.link_gbps, args.max_lora_rank)  # fmt: skip
     return Engine(model, tokenizer, adapters(model), config, model_name=name)
 
 

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from legato.data.tokenizer import Tokenizer
-from legato.lora.adapter import LoraAdapter
+from legato.lora.adapter import LoraAdapter, linear_layers
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
 from legato.serve.memory import DeviceMemory
@@ -48,6 +48,7 @@ class EngineConfig:
     max_queue: int = 256  # waiting requests beyond this are refused (HTTP 429)
     policy: Any = "elora"  # vllm | slora | elora, or a policy object (serve/policies.py)
     max_loras: int = 4  # vllm: adapter slots on the device
+    max_lora_rank: int = 0  # vllm: slots hold at least a rank this large (0: largest given)
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
@@ -103,7 +104,7 @@ class Engine:
         for name, adapter in self.adapters.items():
             self.memory.add_adapter(name, adapter)
         if self.policy.separate_slots:
-            self.memory.reserve_slots()
+            self.memory.reserve_slots(_rank_elements(model, self.config.max_lora_rank))
         self.kv_blocks = self.config.num_blocks - (len(self.memory.region or ()))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
@@ -383,3 +384,10 @@ class Engine:
         while self.has_work:
             self.step()
         return requests
+
+
+def _rank_elements(model: Transformer, rank: int) -> int:
+    """Elements of a rank-``rank`` adapter on every linear layer of the decoder blocks: the
+    room vLLM gives each LoRA slot for ``--max-lora-rank`` (0: none asked)."""
+    layers = linear_layers(model.model.layers)
+    return rank * sum(layer.in_features + layer.out_features for layer in layers.values())

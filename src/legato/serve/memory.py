@@ -13,8 +13,11 @@ carries the choice out:
   ``link_gbps`` (on a GPU a pinned-memory copy on a side stream; on a CPU both tiers are
   host memory, so the link is a copy throttled to the bandwidth — see docs/serving.md for
   the default), and the engine schedules the adapter's requests once it is resident;
-- the LoRA a step computes with is read from the device blocks (``ResidentAdapter``), so
-  what is evicted really is gone.
+- the LoRA a step computes with is gathered from the device blocks when the load lands
+  (``ResidentAdapter``; S-LoRA's kernels read the scattered blocks in place, a CPU gather
+  once per load is the cheap stand-in) and dropped with them, so what is evicted really is
+  gone. Nothing writes an adapter's blocks while it is resident: they are never a
+  request's KV (tested under random load).
 
 The KV blocks themselves are the ``BlockManager``'s; idle cached ones are evicted through
 ``BlockManager.evict`` when a policy picks them.
@@ -52,8 +55,9 @@ class AdapterSlot:
 
 
 class ResidentAdapter:
-    """The factors of an adapter read back from its device blocks (what a step computes
-    with): the ``factors``/``shape`` interface of ``LoraAdapter``."""
+    """The factors of an adapter gathered from its device blocks (what a step computes
+    with): the ``factors``/``shape`` interface of ``LoraAdapter``. A copy, freed with the
+    blocks, so a resident adapter costs its blocks plus this copy of host memory."""
 
     def __init__(self, slot: AdapterSlot, pool: Tensor) -> None:
         flat = pool[slot.blocks].reshape(-1)[: slot.host.numel()]
@@ -107,10 +111,17 @@ class DeviceMemory:
     def remove_adapter(self, name: str) -> None:
         self._drop_adapter(self.adapters.pop(name))
 
-    def reserve_slots(self) -> int:
-        """vLLM's split: ``max_loras`` slots, each of the largest adapter's blocks, taken out
-        of the pool for good; the blocks reserved."""
-        per_slot = max((self.blocks_of(n) for n in self.adapters), default=0)
+    def reserve_slots(self, min_elements: int = 0) -> int:
+        """vLLM's split: ``max_loras`` slots, each of the largest adapter's blocks (or of
+        ``min_elements``, vLLM's ``--max-lora-rank`` room, if larger), taken out of the pool
+        for good; the blocks reserved."""
+        largest = max((self.blocks_of(n) for n in self.adapters), default=0)
+        per_slot = max(largest, -(-min_elements // self.pool.shape[1]))
+        if per_slot == 0:
+            raise ConfigError(
+                "--max-lora-rank: the vllm policy sizes its LoRA slots by the largest adapter "
+                "given at start or by --max-lora-rank; with no adapters, give --max-lora-rank"
+            )
         self.slot_blocks = per_slot
         if self.max_loras * per_slot >= self.blocks.num_blocks:
             raise ConfigError(
