@@ -59,7 +59,9 @@ def next_token(logits: Tensor, params: SamplingParams, generator: torch.Generato
     """The token drawn from ``logits`` [vocab] (float32) under ``params``."""
     if params.temperature == 0:
         return int(logits.argmax())
-    scaled = logits / params.temperature
+    # Drawn on the CPU, where the request's generator lives: one row per request, and the
+    # same seed gives the same tokens whichever device computed the logits.
+    scaled = logits.cpu() / params.temperature
     if params.top_k > 0 and params.top_k < scaled.numel():
         kth = scaled.topk(params.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
