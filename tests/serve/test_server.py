@@ -169,7 +169,7 @@ def test_metrics_use_vllm_names(server):
 
 
 def test_bad_token_ids_are_refused_and_stop_text_is_held_back(server):
-    from legato.serve.server import _held_back
+    from legato.serve.frontend import _held_back
 
     _, base, _ = server
     reply = httpx.post(f"{base}/v1/completions", json={"model": "tiny", "prompt": [5, 10**6]},

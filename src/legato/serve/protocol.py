@@ -95,6 +95,18 @@ def error_body(message: str, status: int, param: str | None = None) -> dict[str,
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 
 
+def model_list(base: str, adapters: dict[str, str]) -> dict[str, Any]:
+    """``/v1/models``: the base model, then each adapter (name -> where it was loaded from)
+    with the base as its ``parent``, as vLLM lists LoRA adapters."""
+    created = int(time.time())
+    rows = [{"id": base, "object": "model", "created": created, "owned_by": "legato",
+             "root": base, "parent": None}]  # fmt: skip
+    for name, root in adapters.items():
+        rows.append({"id": name, "object": "model", "created": created, "owned_by": "legato",
+                     "root": root, "parent": base})  # fmt: skip
+    return {"object": "list", "data": rows}
+
+
 def usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion,
             "total_tokens": prompt + completion}  # fmt: skip
