@@ -20,6 +20,7 @@ def test_generate_on_the_builtin_default(capsys):
     [
         (["generate", "--link-gbps", "0", "x"], "--link-gbps: must be > 0"),
         (["generate", "--num-blocks", "0", "x"], "--num-blocks: must be >= 1"),
+        (["serve", "--replicas", "0"], "--replicas and --adapters-per-replica: must be >= 1"),
         (["generate", "--max-tokens", "0", "x"], "max_tokens: must be an integer >= 1"),
         (["generate", "--adapter", "/no/such/dir", "x"], "--adapter: /no/such/dir is not a PEFT"),
         (["bench", "serve", "--goodput", "ttft"], "--goodput: items are ttft:MS or tpot:MS"),
@@ -30,3 +31,18 @@ def test_bad_flags_are_one_line(args, message, capsys):
     assert main(args) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err, err
+
+
+def test_every_engine_flag_reaches_its_field():
+    """Flags are passed by name: a field added to EngineConfig cannot shift the others."""
+    from legato.cli.main import build_parser
+    from legato.cli.serve import _engine_config
+
+    flags = {"--block-size": 8, "--num-blocks": 96, "--max-num-seqs": 3, "--max-loras": 2,
+             "--max-num-batched-tokens": 64, "--max-queue": 7, "--max-lora-rank": 5,
+             "--link-gbps": 2.5}  # fmt: skip
+    argv = ["serve", "--policy", "slora"] + [str(x) for kv in flags.items() for x in kv]
+    config = _engine_config(build_parser().parse_args(argv))
+    for flag, value in flags.items():
+        assert getattr(config, flag.lstrip("-").replace("-", "_")) == value, flag
+    assert config.policy == "slora"

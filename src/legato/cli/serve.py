@@ -3,13 +3,17 @@
 Both load the same way (``serve/loading.py``): ``--model`` a legato run directory, or a
 preset (random weights, or ``--weights`` HF safetensors); ``--adapters`` PEFT folders or
 folders of them. With no ``--adapters``, ``serve`` makes four random ones (``lora-0`` ...)
-so it runs on a fresh machine. Flag names follow vLLM's where it has one.
+so it runs on a fresh machine. ``serve --replicas N`` runs N engines behind Ray Serve on
+this host, routed by adapter and load. Flag names follow vLLM's where it has one.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
+from pathlib import Path
 
 from legato.errors import ConfigError
 from legato.serve.policies import DEFAULT_LINK_GBPS, POLICIES
@@ -48,6 +52,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
     serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429")
+    serve.add_argument(
+        "--replicas", type=int, default=1,
+        help="engines behind Ray Serve, routed by adapter and load (1: one engine, no Ray)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--adapters-per-replica", type=int, default=8,
+        help="with --replicas: adapters a replica holds before its least recently used leaves",
+    )  # fmt: skip
     serve.set_defaults(func=_serve)
     generate = subparsers.add_parser("generate", help="one completion from a model or adapter")
     _model_flags(generate)
@@ -62,9 +74,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.set_defaults(func=_generate)
 
 
-def _engine(args: argparse.Namespace, adapters: dict):
-    from legato.serve.engine import Engine, EngineConfig
-    from legato.serve.loading import load_served_model
+def _engine_config(args: argparse.Namespace):
+    from legato.serve.engine import EngineConfig
 
     if not args.link_gbps > 0:
         raise ConfigError(f"--link-gbps: must be > 0, got {args.link_gbps}")
@@ -75,14 +86,26 @@ def _engine(args: argparse.Namespace, adapters: dict):
             )
     if args.max_lora_rank < 0:
         raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
+    return EngineConfig(
+        block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_queue=getattr(args, "max_queue", 256), policy=args.policy, max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank, link_gbps=args.link_gbps,
+    )  # fmt: skip
+
+
+def _engine(args: argparse.Namespace, adapters):
+    from legato.serve.engine import Engine
+    from legato.serve.loading import load_served_model
+
+    config = _engine_config(args)
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
-    config = EngineConfig(args.block_size, args.num_blocks, args.max_num_seqs,
-                          args.max_num_batched_tokens, getattr(args, "max_queue", 256),
-                          args.policy, args.max_loras, args.link_gbps, args.max_lora_rank)  # fmt: skip
     return Engine(model, tokenizer, adapters(model), config, model_name=name)
 
 
 def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
+    if args.replicas != 1:
+        return _serve_replicas(args)
     import uvicorn
 
     from legato.serve.loading import generated_adapters, load_adapters
@@ -97,6 +120,36 @@ def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
           file=sys.stderr)  # fmt: skip
     uvicorn.run(create_app(engine, {n: n for n in engine.adapters}), host=args.host,
                 port=args.port, log_level="warning")  # fmt: skip
+    return 0
+
+
+def _serve_replicas(args: argparse.Namespace) -> int:
+    """``--replicas N``: N engines behind Ray Serve on this host (serve/replicas.py)."""
+    import shutil
+    import tempfile
+    import threading
+
+    from legato.lora.peft_io import save_adapter
+    from legato.serve.loading import generated_adapters, load_served_model
+    from legato.serve.replicas import ReplicaSpec, build_app, ray_serve
+
+    spec = ReplicaSpec(args.model, args.weights, args.tokenizer, _engine_config(args))
+    made = None
+    if not args.adapters:  # the built-in default: write the generated adapters as PEFT folders
+        model, _, base = load_served_model(args.model, args.weights, args.tokenizer)
+        made = tempfile.mkdtemp(prefix="legato-adapters-")
+        for name, adapter in generated_adapters(model).items():
+            save_adapter(adapter, Path(made) / name, base)
+    try:
+        app = build_app(spec, args.adapters or [made], args.replicas, args.adapters_per_replica)
+        with ray_serve(app, args.host, args.port, max(os.cpu_count() or 1, args.replicas)) as url:
+            print(f"serving {args.replicas} replicas of {args.model} on {url}/v1 (Ray Serve); "
+                  "Ctrl-C stops", file=sys.stderr)  # fmt: skip
+            with contextlib.suppress(KeyboardInterrupt):
+                threading.Event().wait()
+    finally:
+        if made:
+            shutil.rmtree(made, ignore_errors=True)
     return 0
 
 

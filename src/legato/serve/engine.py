@@ -17,9 +17,9 @@ progress through its ``on_update`` callback, called on the stepping thread.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -109,7 +109,6 @@ class Engine:
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.lock = threading.Lock()
-        self._ids = itertools.count()
         self.steps = 0
         self.peak_batch = 0  # the most requests one step has run
 
@@ -197,7 +196,7 @@ class Engine:
         with self.lock:
             if len(self.waiting) >= self.config.max_queue:
                 raise RequestError("the server is overloaded; retry later", 429)
-            request = Request(f"cmpl-{next(self._ids)}", adapter, list(prompt), params,
+            request = Request(f"cmpl-{uuid.uuid4().hex}", adapter, list(prompt), params,
                               time.monotonic(), on_update)  # fmt: skip
             request.generator = params.generator()
             self.waiting.append(request)

@@ -97,12 +97,13 @@ class Frontend:
             return model
         raise RequestError(f"model: the model {model!r} does not exist", 404, "model")
 
-    def submit(self, body, chat: bool) -> Pending:
-        """Queue ``body`` (a ``CompletionRequest`` or ``ChatRequest``); call from the event
-        loop that will await the answer. Raises ``RequestError`` for a refused body."""
+    def submit(self, body, chat: bool, adapter: str | None = None) -> Pending:
+        """Queue ``body`` (a ``CompletionRequest`` or ``ChatRequest``) for the adapter its
+        ``model`` names, or for the engine's ``adapter`` if given; call from the event loop
+        that will await the answer. Raises ``RequestError`` for a refused body."""
         encode = self.engine.tokenizer.encode
         prompt = encode(body.prompt_text()) if chat else body.prompt_ids(encode)
-        adapter = self.adapter_of(body.model)
+        adapter = adapter or self.adapter_of(body.model)
         if chat and body.max_completion_tokens is not None:
             body.max_tokens = body.max_completion_tokens
         params = body.sampling(max(self.engine.max_model_len - len(prompt), 1))

@@ -47,12 +47,10 @@ def load_served_model(
     return built.eval(), load_tokenizer(tokenizer or "byte"), built.spec.name
 
 
-def load_adapters(
-    paths: list[str], model: Transformer, flag: str = "--adapters"
-) -> dict[str, LoraAdapter]:
+def adapter_folders(paths: list[str], flag: str = "--adapters") -> dict[str, Path]:
     """Every PEFT folder in ``paths`` (a folder with ``adapter_config.json``, or a folder
-    holding such folders), named by its folder; ``flag`` names the argument in errors."""
-    found: dict[str, LoraAdapter] = {}
+    holding such folders), by name (its folder's); ``flag`` names the argument in errors."""
+    found: dict[str, Path] = {}
     for given in paths:
         root = Path(given).expanduser()
         folders = [root] if (root / CONFIG_FILE).is_file() else sorted(
@@ -65,8 +63,16 @@ def load_adapters(
         for folder in folders:
             if folder.name in found:
                 raise CheckpointError(f"{flag}: two adapters named {folder.name!r}")
-            found[folder.name] = load_adapter(folder, model).eval()
+            found[folder.name] = folder
     return found
+
+
+def load_adapters(
+    paths: list[str], model: Transformer, flag: str = "--adapters"
+) -> dict[str, LoraAdapter]:
+    """The adapters of ``adapter_folders(paths)``, loaded onto ``model``."""
+    return {name: load_adapter(folder, model).eval()
+            for name, folder in adapter_folders(paths, flag).items()}  # fmt: skip
 
 
 def generated_adapters(

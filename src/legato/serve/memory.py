@@ -82,6 +82,8 @@ class DeviceMemory:
     def __init__(
         self, blocks: BlockManager, pool: Tensor, policy, link_gbps: float, max_loras: int = 4
     ) -> None:
+        if not link_gbps > 0:
+            raise ConfigError(f"--link-gbps: must be > 0, got {link_gbps}")
         self.blocks, self.pool, self.policy = blocks, pool.view(pool.shape[0], -1), policy
         self.link_bytes_per_s = link_gbps * 1e9 / 8
         self.max_loras = max_loras
