@@ -20,6 +20,8 @@ def test_generate_on_the_builtin_default(capsys):
     [
         (["generate", "--link-gbps", "0", "x"], "--link-gbps: must be > 0"),
         (["generate", "--num-blocks", "0", "x"], "--num-blocks: must be >= 1"),
+        (["generate", "--device-memory", "lots", "x"], "--device-memory: expected bytes"),
+        (["generate", "--device-memory", "1KiB", "x"], "--device-memory: 1024 bytes hold 0"),
         (["serve", "--replicas", "0"], "--replicas and --adapters-per-replica: must be >= 1"),
         (["generate", "--max-tokens", "0", "x"], "max_tokens: must be an integer >= 1"),
         (["generate", "--adapter", "/no/such/dir", "x"], "--adapter: /no/such/dir is not a PEFT"),
@@ -46,3 +48,16 @@ def test_every_engine_flag_reaches_its_field():
     for flag, value in flags.items():
         assert getattr(config, flag.lstrip("-").replace("-", "_")) == value, flag
     assert config.policy == "slora"
+
+
+def test_device_memory_sizes_the_pool_in_blocks_of_the_model():
+    from legato.cli.main import build_parser
+    from legato.cli.serve import _engine
+    from legato.serve.paged_model import PagedKVCache
+
+    args = build_parser().parse_args(["generate", "--device-memory", "3MiB", "--block-size", "8",
+                                      "x"])  # fmt: skip
+    engine = _engine(args, lambda model: {})
+    per_block = PagedKVCache.block_bytes(engine.model, 8)
+    assert engine.config.num_blocks == 3 * 2**20 // per_block == engine.blocks.num_blocks
+    assert engine.cache.bytes_per_block == per_block

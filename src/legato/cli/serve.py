@@ -39,6 +39,10 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         "--link-gbps", type=float, default=DEFAULT_LINK_GBPS,
         help=f"host-to-device adapter copies (default {DEFAULT_LINK_GBPS}, docs/serving.md)",
     )  # fmt: skip
+    parser.add_argument(
+        "--device-memory", default=None, metavar="SIZE",
+        help="bytes of the device pool (e.g. 64MiB, 2GB); sets --num-blocks from the model",
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=16, help="requests per batch")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=512, help="tokens per engine step"
@@ -86,12 +90,33 @@ def _engine_config(args: argparse.Namespace):
             )
     if args.max_lora_rank < 0:
         raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
+    device_memory = 0 if args.device_memory is None else _bytes(args.device_memory)
     return EngineConfig(
         block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_queue=getattr(args, "max_queue", 256), policy=args.policy, max_loras=args.max_loras,
-        max_lora_rank=args.max_lora_rank, link_gbps=args.link_gbps,
+        max_lora_rank=args.max_lora_rank, link_gbps=args.link_gbps, device_memory=device_memory,
     )  # fmt: skip
+
+
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
+          "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
+
+
+def _bytes(text: str) -> int:
+    """``--device-memory``: bytes, or a number with a unit (KB/MB/GB: powers of 1000,
+    KiB/MiB/GiB: powers of 1024)."""
+    number = text.strip().rstrip("bBiIkKmMgGtT")
+    unit = text.strip()[len(number) :].upper()
+    try:
+        value = float(number) * _UNITS[unit]
+    except (KeyError, ValueError):
+        raise ConfigError(
+            f"--device-memory: expected bytes or a size such as 64MiB or 2GB, got {text!r}"
+        ) from None
+    if value <= 0:
+        raise ConfigError(f"--device-memory: must be > 0, got {text!r}")
+    return int(value)
 
 
 def _engine(args: argparse.Namespace, adapters):

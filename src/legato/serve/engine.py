@@ -22,12 +22,13 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
 from legato.data.tokenizer import Tokenizer
+from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter, linear_layers
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
@@ -49,6 +50,7 @@ class EngineConfig:
     policy: Any = "elora"  # vllm | slora | elora, or a policy object (serve/policies.py)
     max_loras: int = 4  # vllm: adapter slots on the device
     max_lora_rank: int = 0  # vllm: slots hold at least a rank this large (0: largest given)
+    device_memory: int = 0  # bytes of the device pool; > 0 sets num_blocks from the model
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
@@ -89,7 +91,7 @@ class Engine:
         config: EngineConfig | None = None,
         model_name: str = "legato",
     ) -> None:
-        self.config = config or EngineConfig()
+        self.config = _sized(config or EngineConfig(), model)
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.max_model_len = model.spec.seq_len
         self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
@@ -390,3 +392,18 @@ def _rank_elements(model: Transformer, rank: int) -> int:
     room vLLM gives each LoRA slot for ``--max-lora-rank`` (0: none asked)."""
     layers = linear_layers(model.model.layers)
     return rank * sum(layer.in_features + layer.out_features for layer in layers.values())
+
+
+def _sized(config: EngineConfig, model: Transformer) -> EngineConfig:
+    """``config`` with ``num_blocks`` from ``device_memory`` (whole blocks of this model's
+    keys and values; adapters are cut into blocks of the same bytes), when that is given."""
+    if config.device_memory <= 0:
+        return config
+    per_block = PagedKVCache.block_bytes(model, config.block_size)
+    blocks = config.device_memory // per_block
+    if blocks < 2:
+        raise ConfigError(
+            f"--device-memory: {config.device_memory} bytes hold {blocks} block(s) of "
+            f"{per_block} bytes (--block-size {config.block_size}); at least 2 are needed"
+        )
+    return replace(config, num_blocks=int(blocks))

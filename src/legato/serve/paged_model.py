@@ -61,6 +61,13 @@ class PagedKVCache:
     def bytes_per_block(self) -> int:
         return self.kv[0].numel() * self.kv.element_size()
 
+    @staticmethod
+    def block_bytes(model: Transformer, block_size: int) -> int:
+        """Bytes of one block (every layer's keys and values of ``block_size`` positions)."""
+        spec, weight = model.spec, model.output_weight()
+        elements = spec.num_layers * 2 * block_size * spec.num_kv_heads * spec.head_dim
+        return elements * weight.element_size()
+
     def write(self, layer: int, rows: StepRows, k: Tensor, v: Tensor) -> None:
         """Store ``k``/``v`` [n, kv_heads, D] of positions ``rows.start ..``."""
         positions = torch.arange(rows.start, rows.start + k.shape[0], device=k.device)
