@@ -21,6 +21,7 @@ def test_generate_on_the_builtin_default(capsys):
         (["generate", "--link-gbps", "0", "x"], "--link-gbps: must be > 0"),
         (["generate", "--num-blocks", "0", "x"], "--num-blocks: must be >= 1"),
         (["generate", "--device-memory", "lots", "x"], "--device-memory: expected bytes"),
+        (["generate", "--swap-space", "-1", "x"], "--swap-space: must be >= 0 GiB"),
         (["generate", "--device-memory", "1KiB", "x"], "--device-memory: 1024 bytes hold 0"),
         (["serve", "--replicas", "0"], "--replicas and --adapters-per-replica: must be >= 1"),
         (["generate", "--max-tokens", "0", "x"], "max_tokens: must be an integer >= 1"),
@@ -48,6 +49,8 @@ def test_every_engine_flag_reaches_its_field():
     for flag, value in flags.items():
         assert getattr(config, flag.lstrip("-").replace("-", "_")) == value, flag
     assert config.policy == "slora"
+    swapped = _engine_config(build_parser().parse_args(["serve", "--swap-space", "0.5"]))
+    assert swapped.swap_space == 2**29
 
 
 def test_device_memory_sizes_the_pool_in_blocks_of_the_model():

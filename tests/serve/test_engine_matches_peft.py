@@ -94,3 +94,25 @@ def test_mixed_batches_swaps_and_preemption_match_peft(served, policy):
 def test_adapters_change_the_answers(served):
     expected = served[3]
     assert any(expected[(None, p)] != expected[("lora-0", p)] for p in PROMPTS)
+
+
+@pytest.mark.parametrize("policy", ["vllm", "slora", "elora"])
+def test_prefixes_swapped_to_host_come_back_and_match_peft(served, policy):
+    """With host swap space, cached prefix blocks the tight pool evicts go to the host; the
+    same stream again finds them there and copies them back instead of recomputing — and
+    every token still equals PEFT's."""
+    model, adapters, tokenizer, expected = served
+    pairs = [(a, p) for p in PROMPTS for a in [None, *adapters]]
+    config = EngineConfig(block_size=4, num_blocks=24, max_num_batched_tokens=7, policy=policy,
+                          max_loras=1, link_gbps=100.0, swap_space=2**20)  # fmt: skip
+    engine = Engine(model, tokenizer, adapters, config)
+    params = SamplingParams(max_tokens=NEW_TOKENS, temperature=0.0, ignore_eos=True)
+    for _ in range(2):
+        requests = engine.generate([tokenizer.encode(p) for _, p in pairs], params,
+                                   [a for a, _ in pairs])  # fmt: skip
+        for request, key in zip(requests, pairs, strict=True):
+            assert request.output == expected[key], key
+    host = engine.memory.host_kv
+    assert host.stored_bytes > 0 and host.hits > 0
+    engine.blocks.check()
+    assert engine.blocks.in_use == engine.memory.adapter_blocks()

@@ -44,11 +44,12 @@ def _check_adapter_blocks_apart(engine) -> None:
     assert not kv & set(held)
 
 
+@pytest.mark.parametrize("swap_space", [0, 2**20], ids=["no-host-kv", "host-kv"])
 @pytest.mark.parametrize("policy", ["vllm", "slora", "elora"])
-def test_random_load_keeps_the_pool_exact(backbone, policy):
+def test_random_load_keeps_the_pool_exact(backbone, policy, swap_space):
     model, adapters = backbone
     config = EngineConfig(block_size=4, num_blocks=48, max_num_seqs=6, policy=policy,
-                          max_loras=2, link_gbps=50.0)  # fmt: skip
+                          max_loras=2, link_gbps=50.0, swap_space=swap_space)  # fmt: skip
     engine = Engine(model, ByteTokenizer(), adapters, config)
     rng = random.Random(0)
     names = list(adapters)
@@ -73,6 +74,8 @@ def test_random_load_keeps_the_pool_exact(backbone, policy):
     assert all(s.pins == 0 for s in engine.memory.adapters.values())
     if policy != "elora":
         assert orphans > 0  # the waste ELORA's tree removes
+    if swap_space:
+        assert engine.memory.host_kv.hits > 0  # prefixes came back from the host
 
 
 def _greedy(engine, adapter: str) -> list[int]:

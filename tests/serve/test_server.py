@@ -163,7 +163,7 @@ def test_metrics_use_vllm_names(server):
     text = httpx.get(f"{base}/metrics", trust_env=False).text
     for name in ("vllm:time_to_first_token_seconds_bucket", "vllm:time_per_output_token_seconds",
                  "vllm:e2e_request_latency_seconds_count", "vllm:num_requests_running",
-                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+                 "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc", "vllm:cpu_cache_usage_perc",
                  "vllm:lora_requests_info"):  # fmt: skip
         assert name in text, name
 

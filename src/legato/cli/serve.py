@@ -43,6 +43,10 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         "--device-memory", default=None, metavar="SIZE",
         help="bytes of the device pool (e.g. 64MiB, 2GB); sets --num-blocks from the model",
     )  # fmt: skip
+    parser.add_argument(
+        "--swap-space", type=float, default=0.0, metavar="GIB",
+        help="host memory (GiB) for KV blocks the device evicts, copied back on reuse (0: off)",
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=16, help="requests per batch")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=512, help="tokens per engine step"
@@ -91,11 +95,14 @@ def _engine_config(args: argparse.Namespace):
     if args.max_lora_rank < 0:
         raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
     device_memory = 0 if args.device_memory is None else _bytes(args.device_memory)
+    if not args.swap_space >= 0:
+        raise ConfigError(f"--swap-space: must be >= 0 GiB, got {args.swap_space}")
     return EngineConfig(
         block_size=args.block_size, num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_queue=getattr(args, "max_queue", 256), policy=args.policy, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, link_gbps=args.link_gbps, device_memory=device_memory,
+        swap_space=int(args.swap_space * 2**30),
     )  # fmt: skip
 
 

@@ -32,6 +32,7 @@ from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter, linear_layers
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
+from legato.serve.host_kv import KvLoad
 from legato.serve.memory import DeviceMemory
 from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
 from legato.serve.policies import DEFAULT_LINK_GBPS, make_policy
@@ -51,6 +52,7 @@ class EngineConfig:
     max_loras: int = 4  # vllm: adapter slots on the device
     max_lora_rank: int = 0  # vllm: slots hold at least a rank this large (0: largest given)
     device_memory: int = 0  # bytes of the device pool; > 0 sets num_blocks from the model
+    swap_space: int = 0  # bytes of host memory for evicted KV blocks (0: they are dropped)
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
@@ -69,6 +71,7 @@ class Request:
     cached: int = 0  # known tokens whose keys and values are in the cache
     committed: int = 0  # blocks registered in the prefix cache
     chain: int = 0  # hash of the last committed block (or the adapter's root)
+    kv_load: KvLoad | None = None  # host blocks of its prefix on their way in
     text: str = ""  # the output decoded, cut at a stop string
     first_token_s: float | None = None
     preemptions: int = 0
@@ -101,8 +104,9 @@ class Engine:
         self.runner = PagedModel(model, self.cache)
         policy = self.config.policy
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
-        self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy,
-                                   self.config.link_gbps, self.config.max_loras)  # fmt: skip
+        host_blocks = self.config.swap_space // self.cache.bytes_per_block
+        self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy, self.config.link_gbps,
+                                   self.config.max_loras, host_blocks)  # fmt: skip
         for name, adapter in self.adapters.items():
             self.memory.add_adapter(name, adapter)
         if self.policy.separate_slots:
@@ -153,6 +157,7 @@ class Engine:
         version) nothing can match them, and none may outlive its adapter."""
         for block in [b for b in self.blocks.idle if self.blocks.owner[b] == name]:
             self.blocks.evict(block)
+        self.memory.host_kv.forget(name)
 
     def fail_all(self, reason: str) -> None:
         """End every request (the step raised): each client gets its answer so far."""
@@ -268,15 +273,23 @@ class Engine:
         for request in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
-            if request.adapter is not None and not self.memory.request(request.adapter, now):
-                continue  # its adapter is on its way (or there is no room yet): others go first
-            self.memory.pin(request.adapter, now)
-            if not request.blocks:
-                self._match_prefix(request, now)
+            if request.kv_load is not None:  # pinned, holding its blocks, since the load began
+                if not request.kv_load.done:
+                    continue
+                self._land_kv(request, now)
+            else:
+                if request.adapter is not None and not self.memory.request(request.adapter, now):
+                    continue  # its adapter is on its way (or no room yet): others go first
+                self.memory.pin(request.adapter, now)
+                if not request.blocks:
+                    self._match_prefix(request, now)
+                    if self._swap_in(request, now):
+                        continue  # its next prefix blocks are coming back from the host
             n = min(len(request.known) - request.cached, budget)
             if not self._reserve(request, request.cached + n, preempt=False):
                 self._drop_blocks(request)  # a waiting request holds no blocks
                 self.memory.unpin(request.adapter)
+                self._release_landed(now)  # (but while its KV comes in): the head needs room
                 break
             self.waiting.remove(request)
             request.state = RUNNING
@@ -300,6 +313,49 @@ class Engine:
             request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
         request.committed = len(request.blocks)
         request.cached = request.committed * size
+
+    def _swap_in(self, request: Request, now: float) -> bool:
+        """Start copying the host blocks that continue ``request``'s cached prefix into
+        fresh device blocks (True), if there are any and room can be made for them."""
+        host = self.memory.host_kv
+        start = len(request.blocks) * self.config.block_size
+        hashes = host.chain(request.chain, request.known, start, self.config.block_size)
+        if not hashes:
+            return False
+        parts = host.take(hashes)
+        if not self.memory.make_room(len(hashes), now, for_adapter=request.adapter):
+            host.restore(hashes, parts)
+            return False
+        fresh = [self.blocks.allocate() for _ in hashes]
+        request.blocks += fresh
+        request.kv_load = KvLoad(fresh, hashes, parts)
+        self.memory.swap_in(request.kv_load)
+        return True
+
+    def _land_kv(self, request: Request, now: float) -> None:
+        """The blocks ``_swap_in`` brought back are cached again, after the request's
+        device prefix, as if this request had computed them."""
+        load, request.kv_load = request.kv_load, None
+        parent = request.blocks[request.committed - 1] if request.committed else None
+        for block, hashed, part in zip(load.blocks, load.hashes, load.parts, strict=True):
+            if parent is not None and self.blocks.hash_of[parent] is None:
+                parent = None  # another request cached that block meanwhile: ours is private
+            self.blocks.commit(block, hashed, request.adapter, parent, now)
+            self.blocks.visits[block] = part.visits + 1
+            parent = block
+        self.memory.host_kv.hits += len(load.blocks)
+        request.chain = load.hashes[-1]
+        request.committed += len(load.blocks)
+        request.cached = request.committed * self.config.block_size
+
+    def _release_landed(self, now: float) -> None:
+        """Waiting requests whose host blocks have landed cache them and let go: blocks
+        held by requests that cannot run yet would starve the head of the queue."""
+        for request in self.waiting:
+            if request.kv_load is not None and request.kv_load.done:
+                self._land_kv(request, now)
+                self._drop_blocks(request)
+                self.memory.unpin(request.adapter)
 
     def _reserve(
         self, request: Request, tokens: int, preempt: bool, keep: Sequence[Request] = ()
@@ -365,6 +421,10 @@ class Engine:
     def _finish(self, request: Request, reason: str) -> None:
         if request in self.running:
             self.running.remove(request)
+            self.memory.unpin(request.adapter)
+        elif request.kv_load is not None:  # aborted while its blocks came back
+            self.memory.wait(request.kv_load)  # the copy must not land in a reused block
+            request.kv_load = None
             self.memory.unpin(request.adapter)
         self.blocks.release(request.blocks)
         request.blocks = []

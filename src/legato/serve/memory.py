@@ -20,7 +20,8 @@ carries the choice out:
   request's KV (tested under random load).
 
 The KV blocks themselves are the ``BlockManager``'s; idle cached ones are evicted through
-``BlockManager.evict`` when a policy picks them.
+``BlockManager.evict`` when a policy picks them, kept on the host first when there is swap
+space (``host_kv.py``), and brought back by the same copy thread as adapters.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from torch import Tensor
 from legato.errors import ConfigError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.serve.blocks import BlockManager
+from legato.serve.host_kv import HostKV, KvLoad
 
 
 @dataclass
@@ -52,6 +54,22 @@ class AdapterSlot:
     visits: int = 0
     last_used: float = 0.0
     resident: ResidentAdapter | None = None
+
+    @property
+    def landed(self) -> bool:
+        return self.state != "loading"
+
+    def copy_into(self, pool: Tensor) -> int:
+        """The copy thread's work: the host factors into the device blocks; bytes moved."""
+        width = pool.shape[1]
+        for i, block in enumerate(self.blocks):
+            chunk = self.host[i * width : (i + 1) * width]
+            pool[block, : chunk.numel()] = chunk
+        return self.host.numel() * self.host.element_size()
+
+    def land(self, pool: Tensor) -> None:
+        if self.state == "loading":
+            self.state, self.resident = "resident", ResidentAdapter(self, pool)
 
 
 class ResidentAdapter:
@@ -80,7 +98,13 @@ class DeviceMemory:
     the copy thread; ``policy`` decides evictions and prefetches."""
 
     def __init__(
-        self, blocks: BlockManager, pool: Tensor, policy, link_gbps: float, max_loras: int = 4
+        self,
+        blocks: BlockManager,
+        pool: Tensor,
+        policy,
+        link_gbps: float,
+        max_loras: int = 4,
+        host_kv_blocks: int = 0,
     ) -> None:
         if not link_gbps > 0:
             raise ConfigError(f"--link-gbps: must be > 0, got {link_gbps}")
@@ -90,7 +114,8 @@ class DeviceMemory:
         self.region: list[int] | None = None  # vLLM's adapter slots, once reserved
         self.slot_blocks: int | None = None
         self.adapters: dict[str, AdapterSlot] = {}
-        self.swapped_in_bytes = 0
+        self.swapped_in_bytes = 0  # adapters and KV blocks, host -> device
+        self.host_kv = HostKV(host_kv_blocks)
         self._copies: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._copy_loop, name="legato-swap", daemon=True)
@@ -180,7 +205,7 @@ class DeviceMemory:
 
     def _drop_adapter(self, slot: AdapterSlot) -> None:
         if slot.state == "loading":
-            self._wait_for(slot)
+            self.wait(slot)
         if self.region is not None:
             self.region.extend(slot.blocks)
         elif slot.blocks:
@@ -198,6 +223,7 @@ class DeviceMemory:
                 return False
             kind, what = victim
             if kind == "kv":
+                self._swap_out(what)
                 self.blocks.evict(what)
             else:
                 self._drop_adapter(self.adapters[what])
@@ -236,34 +262,40 @@ class DeviceMemory:
 
     # ------------------------------------------------------------------ copies
 
+    def _swap_out(self, block: int) -> None:
+        """Keep an evicted cached block on the host, when there is a host tier (a clone of
+        its row; on a GPU a device-to-host copy the block's reuse would wait for)."""
+        if self.host_kv.capacity:
+            blocks = self.blocks
+            self.host_kv.put(blocks.hash_of[block], self.pool[block].clone(),
+                             blocks.owner[block], blocks.visits[block])  # fmt: skip
+
+    def swap_in(self, load: KvLoad) -> None:
+        """Copy ``load``'s host blocks into its device blocks, asynchronously."""
+        self._copies.put(load)
+
     def collect(self) -> None:
-        """Mark every adapter whose copy finished as resident."""
+        """Land every finished copy (an adapter becomes resident, a KV load done)."""
         while True:
             try:
-                slot = self._done.get_nowait()
+                job = self._done.get_nowait()
             except queue.Empty:
                 return
-            if slot.state == "loading":
-                slot.state = "resident"
-                slot.resident = ResidentAdapter(slot, self.pool)
+            job.land(self.pool)
 
-    def _wait_for(self, slot: AdapterSlot) -> None:
-        while slot.state == "loading":
+    def wait(self, job) -> None:
+        """Until ``job`` (an adapter's or a KV load's copy) has landed."""
+        while not job.landed:
             self.collect()
             time.sleep(0.001)
 
     def _copy_loop(self) -> None:
         while True:
-            slot = self._copies.get()
+            job = self._copies.get()
             began = time.perf_counter()
-            size = slot.host.numel()
-            width = self.pool.shape[1]
-            for i, block in enumerate(slot.blocks):
-                chunk = slot.host[i * width : (i + 1) * width]
-                self.pool[block, : chunk.numel()] = chunk
-            nbytes = size * slot.host.element_size()
+            nbytes = job.copy_into(self.pool)
             self.swapped_in_bytes += nbytes
             wait = nbytes / self.link_bytes_per_s - (time.perf_counter() - began)
             if wait > 0:
                 time.sleep(wait)  # the link's bandwidth (see the module docstring)
-            self._done.put(slot)
+            self._done.put(job)

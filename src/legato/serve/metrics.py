@@ -29,6 +29,9 @@ class ServerMetrics:
                              labels, registry=self.registry)  # fmt: skip
         self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (0-1)",
                               labels, registry=self.registry)  # fmt: skip
+        self.cpu_kv_usage = Gauge("vllm:cpu_cache_usage_perc",
+                                  "Fraction of host swap space (KV blocks) in use (0-1)",
+                                  labels, registry=self.registry)  # fmt: skip
         self.prompt_tokens = Counter("vllm:prompt_tokens", "Prefill tokens processed",
                                      labels, registry=self.registry)  # fmt: skip
         self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated",
@@ -47,6 +50,8 @@ class ServerMetrics:
         self.running.labels(name).set(len(engine.running))
         self.waiting.labels(name).set(len(engine.waiting))
         self.kv_usage.labels(name).set(engine.blocks.used / engine.blocks.num_blocks)
+        host = engine.memory.host_kv
+        self.cpu_kv_usage.labels(name).set(len(host.blocks) / host.capacity if host.capacity else 0)
         self.lora_info.clear()
         running = sorted({r.adapter for r in engine.running if r.adapter})
         waiting = sorted({r.adapter for r in engine.waiting if r.adapter})
