@@ -16,9 +16,13 @@ request rate with p99 TTFT under ``--slo-ttft-ms`` per policy (ratio ELORA / vLL
 better); and the measured (adapter load time / median decode step) the link default is set
 by; and the engine's output tokens/s against HF PEFT generating the same 32 requests one
 at a time (``set_adapter`` per request); and the ablation of ELORA's tree and of its cost
-model on the contended cases. ``--png`` draws TTFT and TPOT against the rate.
+model on the contended cases. ``--png`` draws TTFT and TPOT against the rate. ``--host-kv``
+runs only the host KV tier's comparison: on the contended cases, each policy with
+``--swap-space-mb`` of host memory for evicted KV blocks against itself dropping them
+(medians of ``--repeats`` runs; ratio with / without, < 1: the host tier helps).
 
     python benchmarks/serving_policies.py [--quick] [--png docs/images/serving_policies.png]
+    python benchmarks/serving_policies.py --host-kv [--repeats 3]
 """
 
 from __future__ import annotations
@@ -95,8 +99,9 @@ def replay(engine: Engine, stream, instructions: dict) -> dict:
     }
 
 
-def run_case(model, adapters, stream, args, policies=POLICIES) -> dict[str, dict]:
-    """``stream`` under each policy (a name, or a zero-argument factory for a variant)."""
+def run_case(model, adapters, stream, args, policies=POLICIES, swap_space=0) -> dict[str, dict]:
+    """``stream`` under each policy (a name, or a zero-argument factory for a variant);
+    ``swap_space`` bytes of host memory for evicted KV blocks."""
     tokenizer = ByteTokenizer()
     rng = np.random.default_rng(0)
     instructions = {name: rng.integers(97, 123, INSTRUCTION).tolist() for name in adapters}
@@ -104,9 +109,10 @@ def run_case(model, adapters, stream, args, policies=POLICIES) -> dict[str, dict
     for policy in policies:
         chosen = policy if isinstance(policy, str) else policy()
         config = EngineConfig(block_size=16, num_blocks=args.num_blocks, max_num_seqs=16,
-                              policy=chosen, max_loras=args.max_loras)  # fmt: skip
+                              policy=chosen, max_loras=args.max_loras, swap_space=swap_space)  # fmt: skip
         engine = Engine(model, tokenizer, adapters, config)
-        out[engine.policy.name] = replay(engine, stream, instructions)
+        out[engine.policy.name] = {**replay(engine, stream, instructions),
+                                   "host_hits": engine.memory.host_kv.hits}  # fmt: skip
     return out
 
 
@@ -127,6 +133,26 @@ def ablation(model, args) -> None:
             for metric in ("mean_ttft_s", "p99_ttft_s", "mean_tpot_s", "kv_without_adapter"):
                 emit(BENCHMARK, case, metric, results["elora"][metric], base,
                      results[base][metric], digits=4, ratio_digits=3)  # fmt: skip
+
+
+def host_kv(model, args) -> None:
+    """Each policy with ``--swap-space-mb`` of host memory for evicted KV blocks against the
+    same policy dropping them, on the contended cases; medians over ``--repeats`` runs."""
+    for count, alpha, rate in ABLATION_CASES:
+        adapters = generated_adapters(model, count=count, rank=8)
+        stream = synthetic(args.num_prompts, rate, 1.0, list(adapters), alpha, (8, 64), (8, 32))
+        runs = [(run_case(model, adapters, stream, args, swap_space=int(args.swap_space_mb * 2**20)),
+                 run_case(model, adapters, stream, args)) for _ in range(args.repeats)]  # fmt: skip
+        for policy in POLICIES:
+            case = {"stream": "synthetic", "adapters": count, "alpha": alpha, "rate": rate,
+                    "policy": policy, "swap_space_mb": args.swap_space_mb}  # fmt: skip
+            for metric in ("mean_ttft_s", "p99_ttft_s", "mean_tpot_s"):
+                emit(BENCHMARK, case, metric,
+                     statistics.median(on[policy][metric] for on, _ in runs), "no_host_kv",
+                     statistics.median(off[policy][metric] for _, off in runs), digits=4,
+                     ratio_digits=3, host_hits=[on[policy]["host_hits"] for on, _ in runs],
+                     prefix_hits=[on[policy]["prefix_hits"] for on, _ in runs],
+                     prefix_hits_without=[off[policy]["prefix_hits"] for _, off in runs])  # fmt: skip
 
 
 def report(case: dict, results: dict[str, dict]) -> None:
@@ -195,12 +221,24 @@ def main() -> None:
     parser.add_argument("--slo-ttft-ms", type=float, default=200.0)
     parser.add_argument("--quick", action="store_true", help="20 adapters, alpha 0.3, two rates")
     parser.add_argument("--png", type=Path)
+    parser.add_argument(
+        "--host-kv",
+        action="store_true",
+        help="only the host KV tier: each policy with and without swap space",
+    )
+    parser.add_argument("--swap-space-mb", type=float, default=64.0)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per --host-kv case")
     args = parser.parse_args()
     rates = [8.0, 32.0] if args.quick else [float(r) for r in args.rates.split(",")]
     counts = [20] if args.quick else [int(n) for n in args.adapters.split(",")]
     alphas = [0.3] if args.quick else [float(a) for a in args.alphas.split(",")]
     spec = load_model("tiny")
     model = build_model(spec, seed=0)
+    if args.host_kv:
+        note(BENCHMARK, model=spec.name, num_blocks=args.num_blocks, repeats=args.repeats,
+             swap_space_mb=args.swap_space_mb, num_prompts=args.num_prompts)  # fmt: skip
+        host_kv(model, args)
+        return
     note(BENCHMARK, model=spec.name, num_blocks=args.num_blocks, max_loras=args.max_loras,
          num_prompts=args.num_prompts, rates=rates)  # fmt: skip
     sweep: dict[str, list[tuple[float, dict]]] = {p: [] for p in POLICIES}

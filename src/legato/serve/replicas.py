@@ -98,8 +98,14 @@ def replica_deployment(adapters_per_replica: int):
             if not key:
                 return self.frontend.submit(body, chat)
             self._folders[key] = folder
-            await self.adapter(key)
-            return self.frontend.submit(body, chat, adapter=key)
+            for attempt in range(2):
+                await self.adapter(key)
+                try:
+                    return self.frontend.submit(body, chat, adapter=key)
+                except RequestError as exc:
+                    # evicted (in Ray Serve's unload thread) between the two lines: reload once
+                    if exc.status != 404 or attempt:
+                        raise
 
         async def answer(self, body, chat: bool, folder: str | None) -> dict:
             result = await (await self._submit(body, chat, folder)).result()
