@@ -98,3 +98,27 @@ def test_vllm_slots_started_empty_take_adapters_up_to_max_lora_rank(backbone):
                    EngineConfig(block_size=4, num_blocks=128, policy="vllm", max_loras=2))  # fmt: skip
     assert _greedy(engine, "lora-0") == _greedy(given, "lora-0")
     assert engine.memory.slot_blocks > given.memory.slot_blocks  # room for every layer
+
+
+def test_a_request_aborted_while_its_prefix_comes_back_loses_nothing(backbone):
+    """The copy finishes before the blocks are let go (never into a reused block), and the
+    blocks that came are cached on the device: the next request finds them there."""
+    model, _ = backbone
+    config = EngineConfig(
+        block_size=4, num_blocks=16, policy="slora", link_gbps=0.0005, swap_space=2**20
+    )  # 62.5 KB/s: three 2 KB blocks take ~0.1 s
+    engine = Engine(model, ByteTokenizer(), {}, config)
+    params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True)
+    prefix = list(range(1, 13))  # three blocks
+    engine.generate([[*prefix, 1]], params, [None])
+    engine.generate([[2] * 60 + [3]], params, [None])  # needs all 16 blocks: the prefix leaves
+    assert len(engine.memory.host_kv.blocks) >= 3
+    again = engine.add([*prefix, 2], params, None)
+    engine.step()
+    assert again.kv_load is not None and not again.kv_load.done  # on its way in
+    engine.abort(again)
+    engine.blocks.check()
+    assert engine.blocks.in_use == 0
+    hits = engine.blocks.hits
+    (last,) = engine.generate([[*prefix, 3]], params, [None])
+    assert engine.blocks.hits == hits + 3 and last.cached >= 12  # found on the device

@@ -424,7 +424,7 @@ class Engine:
             self.memory.unpin(request.adapter)
         elif request.kv_load is not None:  # aborted while its blocks came back
             self.memory.wait(request.kv_load)  # the copy must not land in a reused block
-            request.kv_load = None
+            self._land_kv(request, time.monotonic())  # and what came is cached, not lost
             self.memory.unpin(request.adapter)
         self.blocks.release(request.blocks)
         request.blocks = []
