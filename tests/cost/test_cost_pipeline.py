@@ -30,6 +30,26 @@ def test_zero_bubble_forms_with_equal_f_b_w():
     assert pipeline_time("zb-v", P, M, 2, 1, 1.0, 2.0, 1.0).bubble_s == 0.0
 
 
+@pytest.mark.parametrize("costs", [(1, 1, 1), (1, 1, 0.5), (1, 2, 1), (1, 1, 2), (2, 1, 1)])
+@pytest.mark.parametrize(("p", "m"), [(2, 3), (4, 8), (8, 16)])
+def test_zb_h1_and_zb_2p_forms_equal_the_simulated_makespan(costs, p, m):
+    """Exact, not within a tolerance: both are closed forms of the builders' orders; ZB-2p's
+    extra warm-up forwards and drained W passes take ZB-H1's ``- t_w`` to ZB-H2's ``- 2 t_w``,
+    and neither bubble falls below the last stage's wait ``(p - 1) t_f`` for its first
+    forward; ZB-2p holds 2p micro-batches (or all m) on every device."""
+    from legato.schedule import build_schedule, simulate
+    from legato.schedule.costs import CostModel
+
+    f, b, w = costs
+    model = CostModel(f=f, b=b, w=w)
+    for name in ("zb-h1", "zb-2p"):
+        simulated = simulate(build_schedule(name, stages=p, microbatches=m, costs=model), model)
+        assert pipeline_time(name, p, m, 1, 1, f, b + w, w).total_s == pytest.approx(
+            simulated.makespan
+        ), name
+        assert in_flight_microbatches(name, p, m, 1, 1) == max(simulated.peak_units), name
+
+
 def test_slices_shrink_the_bubble_by_k():
     seq = pipeline_time("seq1f1b", P, M, 1, 4, 1.0, 2.0, 1.0)
     assert seq.bubble_s / seq.total_s == pytest.approx((P - 1) / (4 * M + P - 1))

@@ -38,6 +38,7 @@ CASES = [
     ("1f1b", "llama", {}),
     ("interleaved", "llama", {"chunks": 2}),
     ("zb-h1", "llama", {"w_subtasks": 2}),
+    ("zb-2p", "llama", {}),
     ("zb-v", "llama", {"w_subtasks": 3}),
     ("seq1f1b", "llama", {"slices": 4, "slicing": "equal-flops"}),
     ("svpp", "llama", {"chunks": 2, "slices": 4, "w_subtasks": 2, "slicing": "equal-flops"}),

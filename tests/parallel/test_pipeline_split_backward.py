@@ -74,7 +74,8 @@ def test_weight_grad_groups_balance_flops():
 
 
 CASES = [
-    ("gpipe", {}), ("1f1b", {}), ("zb-h1", {"w_subtasks": 2}), ("zb-v", {"w_subtasks": 3}),
+    ("gpipe", {}), ("1f1b", {}), ("zb-h1", {"w_subtasks": 2}), ("zb-2p", {"w_subtasks": 2}),
+    ("zb-v", {"w_subtasks": 3}),
     ("seq1f1b", {"slices": 4}), ("svpp", {"chunks": 2, "slices": 4, "w_subtasks": 3}),
     ("svpp", {"chunks": 4, "slices": 2, "slicing": "equal-flops"}),
 ]  # fmt: skip

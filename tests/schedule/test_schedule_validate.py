@@ -22,6 +22,7 @@ BUILT = [
     ("1f1b", {}),
     ("interleaved", {"chunks": 3}),
     ("zb-h1", {"w_subtasks": 2}),
+    ("zb-2p", {"w_subtasks": 2}),
     ("zb-v", {}),
     ("seq1f1b", {"slices": 3}),
     ("svpp", {"chunks": 2, "slices": 3, "memory_cap": 7}),

@@ -57,7 +57,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     sim.add_argument("--chunks", type=int, help="model chunks per rank v (interleaved, svpp)")
     sim.add_argument("--slices", type=int, help="sequence slices k (seq1f1b, svpp)")
     sim.add_argument("--memory-cap", type=float, help="in-flight slice units per rank (svpp, zb-v)")
-    sim.add_argument("--w-subtasks", type=int, help="split each W into G tasks (zb-h1, zb-v, svpp)")
+    sim.add_argument(
+        "--w-subtasks", type=int, help="split each W into G tasks (zb-h1, zb-2p, zb-v, svpp)"
+    )
     sim.add_argument("--slicing", choices=("equal-length", "equal-flops"))
     sim.add_argument("--cost", default="", help=_COST_HELP)
     sim.add_argument("--json", action="store_true", help="print JSON instead of a table")

@@ -35,8 +35,11 @@ def pipeline_time(
 
     * gpipe, 1f1b: ``(m + p - 1)(t_f + t_b)``;
     * interleaved: ``(m + (p - 1)/v)(t_f + t_b)``;
-    * zb-h1 (Qi et al.): bubble ``(p - 1)(t_f + t_b' - t_w)`` with ``t_b' = t_b - t_w``
-      the input-gradient part (a third of 1F1B's when the three are equal);
+    * zb-h1 (Qi et al.): bubble ``(p - 1) max(t_f, t_f + t_b' - t_w)`` with ``t_b' = t_b -
+      t_w`` the input-gradient part (a third of 1F1B's when the three are equal; never
+      below the last stage's wait ``(p - 1) t_f`` for its first forward);
+    * zb-2p: ZB-H2's ``(p - 1) max(t_f, t_f + t_b' - 2 t_w)``, at 2p micro-batches of
+      memory (equal to ``legato.schedule.simulate``'s makespan; tests/cost);
     * zb-v: two chunks per device in a V; bubble ``(p - 1)(t_f + t_b' - 2 t_w)/2``, zero
       when the three parts are equal, never negative;
     * seq1f1b: slice units of 1/k of a micro-batch: ``(m + (p - 1)/k)(t_f + t_b)``;
@@ -57,7 +60,8 @@ def pipeline_time(
         "gpipe": (p - 1) * unit,
         "1f1b": (p - 1) * unit,
         "interleaved": (p - 1) * unit / v,
-        "zb-h1": (p - 1) * max(0.0, t_f + t_bi - t_w),
+        "zb-h1": (p - 1) * max(t_f, t_f + t_bi - t_w),
+        "zb-2p": (p - 1) * max(t_f, t_f + t_bi - 2 * t_w),
         "zb-v": (p - 1) * max(0.0, t_f + t_bi - 2 * t_w) / 2,
         "seq1f1b": (p - 1) * unit / k,
         "svpp": (p - 1) * unit / (v * k),
@@ -75,7 +79,8 @@ def in_flight_microbatches(
     """Micro-batches whose activations (for all of a device's chunks) device ``stage``
     holds at peak, relative to one micro-batch. Stage 0 is the most loaded.
 
-    gpipe holds all ``m``; 1F1B and ZB-H1 hold ``p - stage``; ZB-V's V shape gives every
+    gpipe holds all ``m``; 1F1B and ZB-H1 hold ``p - stage``; ZB-2p ``2p`` on every device
+    (its cap, which the greedy order fills everywhere); ZB-V's V shape gives every
     device 1F1B's stage-0 memory, ``p``; interleaved 1F1B warms up ``2(p - stage - 1) +
     (v - 1) p`` chunk units plus one (``p + (p - 1)/v`` on stage 0, Narayanan et al.);
     slice-level 1F1B holds ``(p - stage - 1 + k)/k`` (``(p + k - 1)/k`` on stage 0); SVPP
@@ -95,6 +100,7 @@ def in_flight_microbatches(
         "gpipe": float(m),
         "1f1b": float(p - r),
         "zb-h1": float(p - r),
+        "zb-2p": float(2 * p),
         "zb-v": float(p),
         "interleaved": (2 * (p - r - 1) + (v - 1) * p + 1) / v,
         "seq1f1b": (p - r - 1 + k) / k,

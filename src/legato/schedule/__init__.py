@@ -14,6 +14,7 @@ from legato.schedule.builders import (
     one_f_one_b,
     seq1f1b,
     svpp,
+    zb_2p,
     zb_h1,
     zb_v,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "validate",
     "write_chrome_trace",
     "write_pareto_json",
+    "zb_2p",
     "zb_h1",
     "zb_v",
 ]

@@ -1,4 +1,4 @@
-"""Schedule builders: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-V, Seq1F1B and SVPP.
+"""Schedule builders: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-2p, ZB-V, Seq1F1B and SVPP.
 
 Every builder returns a ``Schedule`` whose per-rank lists already contain the sends and
 receives. Sizes: p = ``stages`` (ranks), m = ``microbatches``, v = ``chunks`` per rank,
@@ -14,8 +14,12 @@ k = ``slices`` per micro-batch. Rules for what is valid:
 
 Fused-backward schedules (GPipe, 1F1B, interleaved, Seq1F1B) have fixed orders. ZB-H1 is
 1F1B's order with the backward split and W passes filling the waits at 1F1B's memory
-(p micro-batches). SVPP and ZB-V are greedy (see ``engine``): backward first as soon as
-its dependencies allow, then the oldest forward the memory cap admits, then W.
+(p micro-batches). SVPP, ZB-V and ZB-2p are greedy (see ``engine``): backward first as
+soon as its dependencies allow, then the oldest forward the memory cap admits, then W.
+ZB-2p is Zero Bubble's schedule at twice 1F1B's memory (2p micro-batches): the extra
+forwards fill the warm-up and the W passes the drain, leaving a bubble of
+``(p - 1) max(f, f + b - 2w)`` (ZB-H2's, floored by the last rank's wait for its first
+forward), against ZB-H1's ``(p - 1) max(f, f + b - w)``.
 """
 
 from __future__ import annotations
@@ -128,6 +132,15 @@ def zb_h1(
     return _finish(t, costs or CostModel(), order=order, cap=p, reserve=False)
 
 
+def zb_2p(
+    stages: int, microbatches: int, *, w_subtasks: int = 1, costs: Costs | None = None
+) -> Schedule:
+    """Zero Bubble at 2p micro-batches of memory: the greedy order under that cap."""
+    p = _positive("stages", stages)
+    return svpp(p, microbatches, 1, 1, memory_cap=2 * p, w_subtasks=w_subtasks, costs=costs,
+                name="zb-2p")  # fmt: skip
+
+
 def svpp(
     stages: int,
     microbatches: int,
@@ -197,6 +210,7 @@ def build_schedule(name: str, *, stages: int, microbatches: int, **options: Any)
     that are ``None``, are an error or ignored respectively."""
     builders = {
         "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1,
+        "zb-2p": zb_2p,
         "zb-v": zb_v, "seq1f1b": seq1f1b, "svpp": svpp,
     }  # fmt: skip
     if name not in builders:

@@ -39,6 +39,7 @@ SCHEDULE_KINDS: dict[str, ScheduleKind] = {
         ScheduleKind("1f1b", chunks=1),
         ScheduleKind("interleaved", chunks=None),
         ScheduleKind("zb-h1", chunks=1, split_backward=True, cost_driven=True),
+        ScheduleKind("zb-2p", chunks=1, split_backward=True, cost_driven=True),
         ScheduleKind("zb-v", chunks=2, split_backward=True, memory_cap=True, cost_driven=True),
         ScheduleKind("seq1f1b", chunks=1, slices=True, cost_driven=True),
         ScheduleKind(
