@@ -43,7 +43,7 @@ def test_every_engine_flag_reaches_its_field():
 
     flags = {"--block-size": 8, "--num-blocks": 96, "--max-num-seqs": 3, "--max-loras": 2,
              "--max-num-batched-tokens": 64, "--max-queue": 7, "--max-lora-rank": 5,
-             "--link-gbps": 2.5}  # fmt: skip
+             "--link-gbps": 2.5, "--max-cpu-loras": 4}  # fmt: skip
     argv = ["serve", "--policy", "slora"] + [str(x) for kv in flags.items() for x in kv]
     config = _engine_config(build_parser().parse_args(argv))
     for flag, value in flags.items():

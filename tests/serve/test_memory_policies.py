@@ -122,3 +122,39 @@ def test_a_request_aborted_while_its_prefix_comes_back_loses_nothing(backbone):
     hits = engine.blocks.hits
     (last,) = engine.generate([[*prefix, 3]], params, [None])
     assert engine.blocks.hits == hits + 3 and last.cached >= 12  # found on the device
+
+
+@pytest.mark.parametrize("policy", ["vllm", "elora"])
+def test_max_cpu_loras_keeps_that_many_host_copies_and_reads_the_rest_from_disk(
+    backbone, policy, tmp_path
+):
+    """vLLM's --max-cpu-loras: adapters with a PEFT folder beyond the bound lose their host
+    copy (least recently used first, never one on the device or on its way) and are read
+    back from disk when next needed — with the same answers as an engine holding them all."""
+    from legato.lora.peft_io import save_adapter
+
+    model, adapters = backbone
+    folders = {}
+    for name, adapter in adapters.items():
+        folders[name] = save_adapter(adapter, tmp_path / name, "tiny")
+    config = EngineConfig(block_size=4, num_blocks=64, max_num_seqs=2, policy=policy,
+                          max_loras=1, link_gbps=50.0, max_cpu_loras=2)  # fmt: skip
+    bounded = Engine(model, ByteTokenizer(), adapters, config, sources=folders)
+    assert bounded.memory.host_copies() == 2
+    free = Engine(model, ByteTokenizer(), adapters, EngineConfig(block_size=4, num_blocks=64))
+    names = list(adapters) * 2
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
+    for engine in (bounded, free):
+        requests = [engine.add([1, 2, 3, i % 4], params, name) for i, name in enumerate(names)]
+        while engine.has_work:
+            engine.step()
+            if engine is bounded:
+                on_device = sum(s.state != "host" for s in engine.memory.adapters.values())
+                assert engine.memory.host_copies() <= max(2, on_device)
+        engine.outputs = [r.output for r in requests]
+    assert bounded.outputs == free.outputs
+    # all but the two host copies kept at start had to come back from disk
+    assert bounded.memory.disk_reads() >= len(adapters) - 2 and free.memory.disk_reads() == 0
+    with pytest.raises(ConfigError, match="--max-cpu-loras: must be >= --max-loras"):
+        Engine(model, ByteTokenizer(), adapters,
+               EngineConfig(policy="vllm", max_loras=3, max_cpu_loras=2), sources=folders)  # fmt: skip

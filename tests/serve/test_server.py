@@ -22,6 +22,11 @@ from legato.serve.server import create_app
 openai = pytest.importorskip("openai")
 
 
+def _adapters(engine):
+    """The server's adapters again (generated from the same seed)."""
+    return generated_adapters(engine.model, count=2, rank=4)
+
+
 @pytest.fixture(scope="module")
 def server():
     model, tokenizer, name = load_served_model("tiny")
@@ -61,7 +66,7 @@ def test_completion_equals_the_engine_and_streams(server):
     answer = client.completions.create(model="lora-1", prompt="The sky is", max_tokens=12,
                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
-    local = Engine(engine.model, engine.tokenizer, engine.adapters, EngineConfig())
+    local = Engine(engine.model, engine.tokenizer, _adapters(engine), EngineConfig())
     (expected,) = local.generate([engine.tokenizer.encode("The sky is")], params, ["lora-1"])
     assert answer.choices[0].text == expected.text
     assert answer.usage.completion_tokens == 12 and answer.usage.prompt_tokens == 10
@@ -105,7 +110,7 @@ def test_models_and_adapter_loading(server, tmp_path):
     engine, base, client = server
     listed = {m.id: m for m in client.models.list().data}
     assert listed["lora-0"].parent == "tiny" and listed["tiny"].parent is None
-    save_adapter(engine.adapters["lora-0"], tmp_path / "copy", "tiny")
+    save_adapter(_adapters(engine)["lora-0"], tmp_path / "copy", "tiny")
     loaded = httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
                         json={"lora_name": "copy", "lora_path": str(tmp_path / "copy")})  # fmt: skip
     assert loaded.status_code == 200
@@ -182,7 +187,7 @@ def test_bad_token_ids_are_refused_and_stop_text_is_held_back(server):
 
 def test_unloading_an_adapter_forgets_its_cached_prefixes(server, tmp_path):
     engine, base, client = server
-    save_adapter(engine.adapters["lora-1"], tmp_path / "temp", "tiny")
+    save_adapter(_adapters(engine)["lora-1"], tmp_path / "temp", "tiny")
     httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
                json={"lora_name": "temp", "lora_path": str(tmp_path / "temp")})  # fmt: skip
     client.completions.create(model="temp", prompt="x" * 40, max_tokens=2)

@@ -47,6 +47,10 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
         "--swap-space", type=float, default=0.0, metavar="GIB",
         help="host memory (GiB) for KV blocks the device evicts, copied back on reuse (0: off)",
     )  # fmt: skip
+    parser.add_argument(
+        "--max-cpu-loras", type=int, default=0,
+        help="adapters kept in host memory, least recently used read again from disk (0: all)",
+    )  # fmt: skip
     parser.add_argument("--max-num-seqs", type=int, default=16, help="requests per batch")
     parser.add_argument(
         "--max-num-batched-tokens", type=int, default=512, help="tokens per engine step"
@@ -92,6 +96,8 @@ def _engine_config(args: argparse.Namespace):
             raise ConfigError(
                 f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}"
             )
+    if args.max_cpu_loras < 0:
+        raise ConfigError(f"--max-cpu-loras: must be >= 0, got {args.max_cpu_loras}")
     if args.max_lora_rank < 0:
         raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
     device_memory = 0 if args.device_memory is None else _bytes(args.device_memory)
@@ -102,7 +108,7 @@ def _engine_config(args: argparse.Namespace):
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_queue=getattr(args, "max_queue", 256), policy=args.policy, max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank, link_gbps=args.link_gbps, device_memory=device_memory,
-        swap_space=int(args.swap_space * 2**30),
+        swap_space=int(args.swap_space * 2**30), max_cpu_loras=args.max_cpu_loras,
     )  # fmt: skip
 
 
@@ -126,13 +132,14 @@ def _bytes(text: str) -> int:
     return int(value)
 
 
-def _engine(args: argparse.Namespace, adapters):
+def _engine(args: argparse.Namespace, adapters, folders: dict | None = None):
+    """The engine for ``args`` serving ``adapters(model)``, read from ``folders``."""
     from legato.serve.engine import Engine
     from legato.serve.loading import load_served_model
 
     config = _engine_config(args)
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
-    return Engine(model, tokenizer, adapters(model), config, model_name=name)
+    return Engine(model, tokenizer, adapters(model), config, model_name=name, sources=folders)
 
 
 def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
@@ -140,13 +147,18 @@ def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
         return _serve_replicas(args)
     import uvicorn
 
-    from legato.serve.loading import generated_adapters, load_adapters
+    from legato.lora.peft_io import load_adapter
+    from legato.serve.loading import adapter_folders, generated_adapters
     from legato.serve.server import create_app
 
-    def adapters(model):
-        return load_adapters(args.adapters, model) if args.adapters else generated_adapters(model)
+    folders = adapter_folders(args.adapters) if args.adapters else {}
 
-    engine = _engine(args, adapters)
+    def adapters(model):
+        if not folders:
+            return generated_adapters(model)
+        return {name: load_adapter(f, model).eval() for name, f in folders.items()}
+
+    engine = _engine(args, adapters, folders)
     names = ", ".join(engine.adapters) or "none"
     print(f"serving {engine.model_name} with adapters {names} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip

@@ -23,13 +23,14 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from legato.data.tokenizer import Tokenizer
 from legato.errors import ConfigError
-from legato.lora.adapter import LoraAdapter, linear_layers
+from legato.lora.adapter import AdapterShape, LoraAdapter, linear_layers
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
 from legato.serve.host_kv import KvLoad
@@ -53,6 +54,7 @@ class EngineConfig:
     max_lora_rank: int = 0  # vllm: slots hold at least a rank this large (0: largest given)
     device_memory: int = 0  # bytes of the device pool; > 0 sets num_blocks from the model
     swap_space: int = 0  # bytes of host memory for evicted KV blocks (0: they are dropped)
+    max_cpu_loras: int = 0  # adapters kept in host memory (0: all); others read from disk
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
@@ -93,22 +95,31 @@ class Engine:
         adapters: dict[str, LoraAdapter] | None = None,
         config: EngineConfig | None = None,
         model_name: str = "legato",
+        sources: dict[str, Path] | None = None,
     ) -> None:
+        """``sources``: the PEFT folder of each adapter read from one, so that its host
+        copy may be dropped under ``max_cpu_loras`` and read again when needed."""
         self.config = _sized(config or EngineConfig(), model)
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
         self.max_model_len = model.spec.seq_len
-        self.adapters: dict[str, LoraAdapter] = dict(adapters or {})
+        adapters, sources = dict(adapters or {}), dict(sources or {})
+        # what is served (the factors themselves live in ``memory``, on the host or disk)
+        self.adapters: dict[str, AdapterShape] = {n: a.shape for n, a in adapters.items()}
         self.versions: dict[str, int] = dict.fromkeys(self.adapters, 0)
         self.blocks = BlockManager(self.config.num_blocks, self.config.block_size)
         self.cache = PagedKVCache(model, self.config.num_blocks, self.config.block_size)
         self.runner = PagedModel(model, self.cache)
         policy = self.config.policy
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
+        cpu, slots = self.config.max_cpu_loras, self.config.max_loras
+        if cpu and self.policy.separate_slots and cpu < slots:  # vLLM's rule
+            raise ConfigError(f"--max-cpu-loras: must be >= --max-loras ({slots}), got {cpu}")
         host_blocks = self.config.swap_space // self.cache.bytes_per_block
         self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy, self.config.link_gbps,
-                                   self.config.max_loras, host_blocks)  # fmt: skip
-        for name, adapter in self.adapters.items():
-            self.memory.add_adapter(name, adapter)
+                                   self.config.max_loras, host_blocks,
+                                   self.config.max_cpu_loras)  # fmt: skip
+        for name, adapter in adapters.items():
+            self.memory.add_adapter(name, adapter, sources.get(name))
         if self.policy.separate_slots:
             self.memory.reserve_slots(_rank_elements(model, self.config.max_lora_rank))
         self.kv_blocks = self.config.num_blocks - (len(self.memory.region or ()))
@@ -120,27 +131,26 @@ class Engine:
 
     # ------------------------------------------------------------------ adapters
 
-    def load_adapter(self, name: str, adapter: LoraAdapter) -> None:
-        """Serve ``adapter`` as ``name``; a reload is a new version (old cached prefixes of
-        the name are never found again)."""
+    def load_adapter(self, name: str, adapter: LoraAdapter, source: Path | None = None) -> None:
+        """Serve ``adapter`` (read from the PEFT folder ``source``, if it was) as ``name``; a
+        reload is a new version (old cached prefixes of the name are never found again)."""
         with self.lock:
             if name in self.adapters and any(
                 r.adapter == name for r in (*self.waiting, *self.running)
             ):
                 raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
             slot_blocks = self.memory.slot_blocks
-            self.memory.add_adapter(name, adapter)
-            if slot_blocks is not None and self.memory.blocks_of(name) > slot_blocks:
-                self.memory.remove_adapter(name)
-                if name in self.adapters:
-                    self.memory.add_adapter(name, self.adapters[name])
+            need = -(-sum(a.numel() + b.numel() for _, a, b in adapter.named_factors())
+                     // self.memory.pool.shape[1])  # fmt: skip
+            if slot_blocks is not None and need > slot_blocks:
                 raise RequestError(
-                    f"lora_path: the adapter needs {self.memory.blocks_of(name)} blocks, "
-                    f"larger than a LoRA slot ({slot_blocks})", 400, "lora_path",
+                    f"lora_path: the adapter needs {need} blocks, larger than a LoRA slot "
+                    f"({slot_blocks})", 400, "lora_path",
                 )  # fmt: skip
+            self.memory.add_adapter(name, adapter, source)
             self._forget_prefixes(name)
             self.versions[name] = self.versions.get(name, -1) + 1
-            self.adapters[name] = adapter
+            self.adapters[name] = adapter.shape
 
     def unload_adapter(self, name: str) -> None:
         with self.lock:

@@ -1,6 +1,7 @@
 """The device tier: KV blocks and LoRA adapters in one pool of equal blocks, under a policy.
 
-Every adapter lives in host memory; serving a request needs its adapter on the device. An
+Every adapter lives in host memory (or, past ``max_cpu_loras``, only in its PEFT folder on
+disk, read back by the copy thread); serving a request needs its adapter on the device. An
 adapter is split along its rank into blocks of the KV block's size (``blocks_of``: its
 factors flattened, cut into pool blocks), so adapters and KV compete for the same blocks
 (S-LoRA's unified paging, ELORA's pool). Which blocks leave when room is needed is the
@@ -30,12 +31,15 @@ import queue
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 from torch import Tensor
 
 from legato.errors import ConfigError
 from legato.lora.adapter import AdapterShape, LoraAdapter
+from legato.lora.peft_io import WEIGHTS_FILE, peft_key
 from legato.serve.blocks import BlockManager
 from legato.serve.host_kv import HostKV, KvLoad
 
@@ -45,22 +49,29 @@ class AdapterSlot:
     """One adapter's place in the pool."""
 
     name: str
-    host: Tensor  # every factor flattened, in the pool's dtype
+    host: Tensor | None  # every factor flattened, in the pool's dtype; None: on disk only
     layout: list[tuple[str, tuple[int, ...], tuple[int, ...]]]  # path, A shape, B shape
     shape: AdapterShape
+    numel: int  # elements of ``host``
+    source: Path | None = None  # its PEFT folder: the host copy may go and be read again
     blocks: list[int] = field(default_factory=list)  # device blocks, when resident/loading
     state: str = "host"  # "host" | "loading" | "resident"
     pins: int = 0  # running requests using it
     visits: int = 0
     last_used: float = 0.0
     resident: ResidentAdapter | None = None
+    disk_reads: int = 0
 
     @property
     def landed(self) -> bool:
         return self.state != "loading"
 
     def copy_into(self, pool: Tensor) -> int:
-        """The copy thread's work: the host factors into the device blocks; bytes moved."""
+        """The copy thread's work: the host factors (read from disk first when the host
+        copy was dropped) into the device blocks; bytes moved over the link."""
+        if self.host is None:
+            self.host = read_flat(self.source, self.layout, pool.dtype)
+            self.disk_reads += 1
         width = pool.shape[1]
         for i, block in enumerate(self.blocks):
             chunk = self.host[i * width : (i + 1) * width]
@@ -72,13 +83,23 @@ class AdapterSlot:
             self.state, self.resident = "resident", ResidentAdapter(self, pool)
 
 
+def read_flat(folder: Path, layout, dtype: torch.dtype) -> Tensor:
+    """An adapter's factors read back from its PEFT folder, flattened as ``add_adapter``
+    lays them out (the disk tier under vLLM's ``--max-cpu-loras``)."""
+    state = load_file(Path(folder) / WEIGHTS_FILE)
+    parts = []
+    for path, _, _ in layout:
+        parts += [state[peft_key(path, "A")].reshape(-1), state[peft_key(path, "B")].reshape(-1)]
+    return torch.cat(parts).to(dtype).contiguous()
+
+
 class ResidentAdapter:
     """The factors of an adapter gathered from its device blocks (what a step computes
     with): the ``factors``/``shape`` interface of ``LoraAdapter``. A copy, freed with the
     blocks, so a resident adapter costs its blocks plus this copy of host memory."""
 
     def __init__(self, slot: AdapterSlot, pool: Tensor) -> None:
-        flat = pool[slot.blocks].reshape(-1)[: slot.host.numel()]
+        flat = pool[slot.blocks].reshape(-1)[: slot.numel]
         self.name, self.shape = slot.name, slot.shape
         self._factors: dict[str, tuple[Tensor, Tensor]] = {}
         offset = 0
@@ -105,12 +126,14 @@ class DeviceMemory:
         link_gbps: float,
         max_loras: int = 4,
         host_kv_blocks: int = 0,
+        max_cpu_loras: int = 0,
     ) -> None:
         if not link_gbps > 0:
             raise ConfigError(f"--link-gbps: must be > 0, got {link_gbps}")
         self.blocks, self.pool, self.policy = blocks, pool.view(pool.shape[0], -1), policy
         self.link_bytes_per_s = link_gbps * 1e9 / 8
         self.max_loras = max_loras
+        self.max_cpu_loras = max_cpu_loras  # host copies kept (0: every adapter's)
         self.region: list[int] | None = None  # vLLM's adapter slots, once reserved
         self.slot_blocks: int | None = None
         self.adapters: dict[str, AdapterSlot] = {}
@@ -123,8 +146,10 @@ class DeviceMemory:
 
     # ------------------------------------------------------------------ adapters
 
-    def add_adapter(self, name: str, adapter: LoraAdapter) -> None:
-        """Keep ``adapter`` on the host (replacing a previous one of the name, if idle)."""
+    def add_adapter(self, name: str, adapter: LoraAdapter, source: Path | None = None) -> None:
+        """Keep ``adapter`` on the host (replacing a previous one of the name, if idle);
+        with its PEFT folder as ``source`` the host copy may be dropped (``max_cpu_loras``)
+        and read again from there when the adapter is next needed."""
         old = self.adapters.get(name)
         if old is not None:
             self._drop_adapter(old)
@@ -133,7 +158,27 @@ class DeviceMemory:
             layout.append((path, tuple(a.shape), tuple(b.shape)))
             parts += [a.detach().reshape(-1), b.detach().reshape(-1)]
         host = torch.cat(parts).to(self.pool.dtype).contiguous()
-        self.adapters[name] = AdapterSlot(name, host, layout, adapter.shape)
+        self.adapters[name] = AdapterSlot(name, host, layout, adapter.shape, host.numel(), source)
+        self._trim_host(keep=name)
+
+    def _trim_host(self, keep: str | None = None) -> None:
+        """vLLM's CPU LRU: past ``max_cpu_loras`` host copies, drop those of the least
+        recently used adapters that are neither on the device nor on their way there and
+        can be read again from disk."""
+        if self.max_cpu_loras <= 0:
+            return
+        held = [s for s in self.adapters.values() if s.host is not None or s.state == "loading"]
+        spare = sorted((s for s in held if s.state == "host" and s.source is not None
+                        and s.name != keep and not s.pins), key=lambda s: s.last_used)  # fmt: skip
+        for slot in spare[: max(0, len(held) - self.max_cpu_loras)]:
+            slot.host = None
+
+    def host_copies(self) -> int:
+        """Adapters in host memory (a load reading one from disk counts already)."""
+        return sum(1 for s in self.adapters.values() if s.host is not None or s.state == "loading")
+
+    def disk_reads(self) -> int:
+        return sum(s.disk_reads for s in self.adapters.values())
 
     def remove_adapter(self, name: str) -> None:
         self._drop_adapter(self.adapters.pop(name))
@@ -159,7 +204,7 @@ class DeviceMemory:
         return len(self.region)
 
     def blocks_of(self, name: str) -> int:
-        return -(-self.adapters[name].host.numel() // self.pool.shape[1])
+        return -(-self.adapters[name].numel // self.pool.shape[1])
 
     def resident(self, name: str | None) -> ResidentAdapter | None:
         return None if name is None else self.adapters[name].resident
@@ -200,6 +245,7 @@ class DeviceMemory:
                 return False
             slot.blocks = [self.blocks.allocate() for _ in range(need)]
         slot.state = "loading"
+        self._trim_host(keep=slot.name)  # room for the copy read from disk, if it is
         self._copies.put(slot)
         return True
 
@@ -211,6 +257,7 @@ class DeviceMemory:
         elif slot.blocks:
             self.blocks.release(slot.blocks)
         slot.blocks, slot.state, slot.resident = [], "host", None
+        self._trim_host()
 
     # ------------------------------------------------------------------ room
 
@@ -282,6 +329,8 @@ class DeviceMemory:
             except queue.Empty:
                 return
             job.land(self.pool)
+            if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
+                self._trim_host(keep=job.name)
 
     def wait(self, job) -> None:
         """Until ``job`` (an adapter's or a KV load's copy) has landed."""

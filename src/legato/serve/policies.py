@@ -129,7 +129,7 @@ class EloraPolicy(SloraPolicy):
         for slot in memory.idle_adapters():
             if slot.name == for_adapter or (self.tree and slot.name in owners):
                 continue  # not a leaf: its KV blocks go first
-            cost = slot.host.numel() * slot.host.element_size() / memory.link_bytes_per_s
+            cost = slot.numel * memory.pool.element_size() / memory.link_bytes_per_s
             retain = self._retain(cost, slot.visits, now - slot.last_used)
             lora_eval = min(1.0, (resident - 1) / low)
             score = lora_eval * retain if self.cost_model else slot.last_used

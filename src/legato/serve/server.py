@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -76,7 +77,7 @@ def create_app(engine: Engine, adapter_paths: dict[str, str] | None = None) -> F
             adapter = await asyncio.to_thread(load_adapter, body.lora_path, engine.model)
         except (CheckpointError, ConfigError) as exc:
             raise RequestError(f"lora_path: {exc}", 400, "lora_path") from None
-        engine.load_adapter(body.lora_name, adapter.eval())
+        engine.load_adapter(body.lora_name, adapter.eval(), Path(body.lora_path))
         paths[body.lora_name] = body.lora_path
         return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
