@@ -71,7 +71,7 @@ def test_schedule_options_respect_the_schedule_rules():
         if o["schedule"] == "zb-v":
             assert o["vpp"] == 2
     names = {o["schedule"] for o in options}
-    assert names == {"1f1b", "zb-h1", "interleaved", "svpp"}  # 3 layers per stage: no zb-v
+    assert names == {"1f1b", "zb-h1", "zb-2p", "interleaved", "svpp"}  # 3 layers per stage: no zb-v
     assert shape.dp == 2 and {o["mbs"] for o in options} == {1, 2}  # m >= pp = 4
 
 

@@ -59,7 +59,7 @@ class SearchSpace:
     max_cp: int = 16
     min_cp_tokens: int = 1024
     max_mbs: int = 8
-    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-v", "svpp")
+    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-2p", "zb-v", "svpp")
     vpp_choices: int = 2  # how many virtual-stage counts to try per pipeline degree
     svpp_slices: tuple[int, ...] = (2, 4)
     zero_stages: tuple[int, ...] = (1, 2, 3)
@@ -150,7 +150,7 @@ def schedules(
     if microbatches < shape.pp:
         return
     names = space.schedules
-    for name in ("1f1b", "zb-h1"):
+    for name in ("1f1b", "zb-h1", "zb-2p"):
         if name in names:
             yield {"schedule": name}
     if "interleaved" in names and microbatches % shape.pp == 0:
