@@ -158,3 +158,24 @@ def test_max_cpu_loras_keeps_that_many_host_copies_and_reads_the_rest_from_disk(
     with pytest.raises(ConfigError, match="--max-cpu-loras: must be >= --max-loras"):
         Engine(model, ByteTokenizer(), adapters,
                EngineConfig(policy="vllm", max_loras=3, max_cpu_loras=2), sources=folders)  # fmt: skip
+
+
+def test_an_adapter_whose_folder_is_gone_fails_its_requests_only(backbone, tmp_path):
+    import shutil
+
+    from legato.lora.peft_io import save_adapter
+
+    model, adapters = backbone
+    folders = {n: save_adapter(a, tmp_path / n, "tiny") for n, a in adapters.items()}
+    config = EngineConfig(block_size=4, num_blocks=64, policy="slora", link_gbps=50.0,
+                          max_cpu_loras=1)  # fmt: skip
+    engine = Engine(model, ByteTokenizer(), adapters, config, sources=folders)
+    gone = next(n for n, s in engine.memory.adapters.items() if s.host is None)
+    shutil.rmtree(folders[gone])
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    other = next(n for n in adapters if n != gone)
+    failed, fine = engine.generate([[1, 2, 3], [1, 2, 3]], params, [gone, other])
+    assert failed.finish_reason == "abort" and "cannot read adapter" in failed.error
+    assert fine.error is None and len(fine.output) == 3
+    engine.blocks.check()
+    assert engine.blocks.in_use == engine.memory.adapter_blocks()

@@ -289,6 +289,11 @@ class Engine:
                 self._land_kv(request, now)
             else:
                 if request.adapter is not None and not self.memory.request(request.adapter, now):
+                    failed = self.memory.adapters[request.adapter].error
+                    if failed:  # its folder could not be read: this request ends, not all
+                        self.waiting.remove(request)
+                        request.error = failed
+                        self._finish(request, "abort")
                     continue  # its adapter is on its way (or no room yet): others go first
                 self.memory.pin(request.adapter, now)
                 if not request.blocks:

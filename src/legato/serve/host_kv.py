@@ -43,6 +43,9 @@ class KvLoad:
     def __post_init__(self) -> None:
         self.nbytes = sum(p.data.numel() * p.data.element_size() for p in self.parts)
 
+    def prepare(self, _dtype) -> None:
+        pass  # already in host memory
+
     def copy_into(self, pool: Tensor) -> int:
         for block, part in zip(self.blocks, self.parts, strict=True):
             pool[block].copy_(part.data)

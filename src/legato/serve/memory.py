@@ -61,17 +61,21 @@ class AdapterSlot:
     last_used: float = 0.0
     resident: ResidentAdapter | None = None
     disk_reads: int = 0
+    error: str | None = None  # its last load failed (its folder unreadable): why
 
     @property
     def landed(self) -> bool:
         return self.state != "loading"
 
-    def copy_into(self, pool: Tensor) -> int:
-        """The copy thread's work: the host factors (read from disk first when the host
-        copy was dropped) into the device blocks; bytes moved over the link."""
+    def prepare(self, dtype: torch.dtype) -> None:
+        """Read the factors back from disk when the host copy was dropped (before the
+        link's clock starts: disk, then link)."""
         if self.host is None:
-            self.host = read_flat(self.source, self.layout, pool.dtype)
+            self.host = read_flat(self.source, self.layout, dtype)
             self.disk_reads += 1
+
+    def copy_into(self, pool: Tensor) -> int:
+        """The copy thread's work: the host factors into the device blocks; bytes moved."""
         width = pool.shape[1]
         for i, block in enumerate(self.blocks):
             chunk = self.host[i * width : (i + 1) * width]
@@ -217,7 +221,7 @@ class DeviceMemory:
         slot.last_used = now
         if slot.state == "resident":
             return True
-        if slot.state == "host":
+        if slot.state == "host" and slot.error is None:
             self._load(slot, now)
         return False
 
@@ -328,6 +332,10 @@ class DeviceMemory:
                 job = self._done.get_nowait()
             except queue.Empty:
                 return
+            if isinstance(job, AdapterSlot) and job.error:
+                job.state = "host"  # landed nothing: give its blocks back
+                self._drop_adapter(job)
+                continue
             job.land(self.pool)
             if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
                 self._trim_host(keep=job.name)
@@ -341,6 +349,12 @@ class DeviceMemory:
     def _copy_loop(self) -> None:
         while True:
             job = self._copies.get()
+            try:
+                job.prepare(self.pool.dtype)
+            except Exception as exc:  # a folder gone or corrupt: that adapter fails, not all
+                job.error = f"cannot read adapter {job.name!r} from {job.source}: {exc}"
+                self._done.put(job)
+                continue
             began = time.perf_counter()
             nbytes = job.copy_into(self.pool)
             self.swapped_in_bytes += nbytes
