@@ -162,7 +162,8 @@ def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
     names = ", ".join(engine.adapters) or "none"
     print(f"serving {engine.model_name} with adapters {names} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip
-    uvicorn.run(create_app(engine, {n: n for n in engine.adapters}), host=args.host,
+    roots = {n: str(folders.get(n, n)) for n in engine.adapters}  # /v1/models lists the folders
+    uvicorn.run(create_app(engine, roots), host=args.host,
                 port=args.port, log_level="warning")  # fmt: skip
     return 0
 
