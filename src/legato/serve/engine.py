@@ -140,8 +140,9 @@ class Engine:
             ):
                 raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
             slot_blocks = self.memory.slot_blocks
-            need = -(-sum(a.numel() + b.numel() for _, a, b in adapter.named_factors())
-                     // self.memory.pool.shape[1])  # fmt: skip
+            need = self.memory.blocks_for(
+                sum(a.numel() + b.numel() for _, a, b in adapter.named_factors())
+            )
             if slot_blocks is not None and need > slot_blocks:
                 raise RequestError(
                     f"lora_path: the adapter needs {need} blocks, larger than a LoRA slot "

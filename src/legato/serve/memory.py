@@ -67,6 +67,11 @@ class AdapterSlot:
     def landed(self) -> bool:
         return self.state != "loading"
 
+    @property
+    def in_host_memory(self) -> bool:
+        """Its factors are in host memory (a load reading them from disk counts already)."""
+        return self.host is not None or self.state == "loading"
+
     def prepare(self, dtype: torch.dtype) -> None:
         """Read the factors back from disk when the host copy was dropped (before the
         link's clock starts: disk, then link)."""
@@ -171,15 +176,14 @@ class DeviceMemory:
         can be read again from disk."""
         if self.max_cpu_loras <= 0:
             return
-        held = [s for s in self.adapters.values() if s.host is not None or s.state == "loading"]
+        held = [s for s in self.adapters.values() if s.in_host_memory]
         spare = sorted((s for s in held if s.state == "host" and s.source is not None
                         and s.name != keep and not s.pins), key=lambda s: s.last_used)  # fmt: skip
         for slot in spare[: max(0, len(held) - self.max_cpu_loras)]:
             slot.host = None
 
     def host_copies(self) -> int:
-        """Adapters in host memory (a load reading one from disk counts already)."""
-        return sum(1 for s in self.adapters.values() if s.host is not None or s.state == "loading")
+        return sum(1 for s in self.adapters.values() if s.in_host_memory)
 
     def disk_reads(self) -> int:
         return sum(s.disk_reads for s in self.adapters.values())
@@ -192,7 +196,7 @@ class DeviceMemory:
         ``min_elements``, vLLM's ``--max-lora-rank`` room, if larger), taken out of the pool
         for good; the blocks reserved."""
         largest = max((self.blocks_of(n) for n in self.adapters), default=0)
-        per_slot = max(largest, -(-min_elements // self.pool.shape[1]))
+        per_slot = max(largest, self.blocks_for(min_elements))
         if per_slot == 0:
             raise ConfigError(
                 "--max-lora-rank: the vllm policy sizes its LoRA slots by the largest adapter "
@@ -208,7 +212,11 @@ class DeviceMemory:
         return len(self.region)
 
     def blocks_of(self, name: str) -> int:
-        return -(-self.adapters[name].numel // self.pool.shape[1])
+        return self.blocks_for(self.adapters[name].numel)
+
+    def blocks_for(self, elements: int) -> int:
+        """Pool blocks that ``elements`` adapter elements take (an adapter cut into blocks)."""
+        return -(-elements // self.pool.shape[1])
 
     def resident(self, name: str | None) -> ResidentAdapter | None:
         return None if name is None else self.adapters[name].resident
