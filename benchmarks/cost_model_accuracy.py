@@ -13,20 +13,40 @@ above 1 means predicted slower, for throughput metrics predicted faster); then p
 table ``mean_abs_pct_error`` and ``max_abs_pct_error`` (lower is better, goal < 10); then
 the collective model's fit to the measured NCCL all-reduce. ``--quick``: the first row of
 each table only.
+
+``--held-out`` (minutes: one fit per source, in parallel over the cores) scores what
+holds on data the fit did not see: for every source (paper or table set), the compute
+constants are fitted on the others (``legato.cost.held_out``) and the source is predicted
+with them. Lines: rows the cost model rejects (goal: none); per source table the held-out
+mean/max error next to the error under the shipped constants (fitted on every source) and
+the fold's constants; per group of alternative plans of one job (same model, GPUs, global
+batch) Spearman's rank correlation and the pick regret of the held-out predictions, then
+their summary (goals: Spearman >= 0.9, regret <= 5%). ``--out DIR`` gets a predicted vs
+measured plot per source (PNG) and every held-out row (JSON).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import legato.cost
-from legato.cost.published import ASSUMPTIONS, Result, errors_by_source, evaluate
+from legato.cost.calibration import CALIBRATION
+from legato.cost.held_out import HeldOut, constants_of, fit_without
+from legato.cost.published import ASSUMPTIONS, Result, errors_by_source, evaluate, load_cases
+from legato.cost.ranking import rank_groups, summary
 from legato.specs import Link
 from report import emit
 
 BENCHMARK = "cost_model_accuracy"
 GOAL_PCT = 10.0
+GOAL_SPEARMAN = 0.9
+GOAL_REGRET = 0.05
 
 
 def _row_line(result: Result) -> None:
@@ -70,10 +90,97 @@ def _nccl_line() -> None:
     )
 
 
+def _fold(cases, evaluations: int, family: str) -> HeldOut:
+    def progress(n: int, error: float) -> None:
+        if n % 50 == 0:
+            print(f"held out {family}: {n} evaluations, training error {error:.1%}",
+                  file=sys.stderr, flush=True)  # fmt: skip
+
+    return fit_without(cases, family, CALIBRATION, evaluations, progress)
+
+
+def held_out(evaluations: int, out: Path | None) -> None:
+    cases, rejected = load_cases()
+    for r in rejected:
+        emit(BENCHMARK, case={"row_id": r.row["row_id"], "source": r.row["source"]},
+             metric="rejected", value=1, reason=r.reason)  # fmt: skip
+    emit(BENCHMARK, case={"rows": len(cases) + len(rejected)}, metric="rejected_rows",
+         value=len(rejected), goal=0, meets_goal=not rejected)  # fmt: skip
+    families = list(dict.fromkeys(c.family for c in cases))
+    with ProcessPoolExecutor(max_workers=min(len(families), os.cpu_count() or 1)) as pool:
+        folds = list(pool.map(partial(_fold, cases, evaluations), families))
+    shipped = errors_by_source(evaluate(CALIBRATION, cases))
+    held = [r for fold in folds for r in fold.results]
+    for fold in folds:
+        constants = {k: round(v, 8) for k, v in constants_of(fold.fit.calibration).items()}
+        for source, (mean, worst, rows) in errors_by_source(fold.results).items():
+            emit(BENCHMARK, case={"source": source, "rows": rows, "held_out": fold.family},
+                 metric="held_out_mean_abs_pct_error", value=round(100 * mean, 2),
+                 baseline="shipped constants (fitted on every source)",
+                 baseline_value=round(100 * shipped[source][0], 2), ratio_digits=3,
+                 max_abs_pct_error=round(100 * worst, 2), fold_constants=constants,
+                 fold_training_error_pct=round(100 * fold.fit.error, 2),
+                 goal=GOAL_PCT, meets_goal=100 * mean <= GOAL_PCT)  # fmt: skip
+    rankings = rank_groups(held)
+    for g in rankings:
+        emit(BENCHMARK, case={"source": g.key[0], "devices": g.key[4], "gbs": g.key[5],
+                              "model_shape": list(g.key[1]), "plans": g.plans},
+             metric="spearman", value=None if g.spearman is None else round(g.spearman, 4),
+             pick_regret=round(g.regret, 4), predicted_best=g.predicted_best,
+             measured_best=g.measured_best)  # fmt: skip
+    by_family = {f: [g for g in rankings if g.key[0] == f] for f in families}
+    for name, groups in [*by_family.items(), ("all", rankings)]:
+        if not groups:
+            continue
+        stats = {k: round(v, 4) for k, v in summary(groups).items()}
+        emit(BENCHMARK, case={"source": name}, metric="ranking_summary",
+             value=stats.get("spearman_median"), **stats,
+             goals={"spearman_median": GOAL_SPEARMAN, "regret_max": GOAL_REGRET})  # fmt: skip
+    if out is not None:
+        _plot(held, out)
+
+
+def _plot(held: list[Result], out: Path) -> None:
+    """Predicted against measured, one panel per source, both in the row's own metric."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    families = list(dict.fromkeys(r.case.family for r in held))
+    fig, axes = plt.subplots(1, len(families), figsize=(3.2 * len(families), 3.4))
+    for ax, family in zip(axes, families, strict=True):
+        rows = [r for r in held if r.case.family == family]
+        x = [r.case.published for r in rows]
+        ax.scatter(x, [r.predicted for r in rows], s=5, alpha=0.5)
+        low, high = min(x), max(x)
+        for factor, style in ((1.0, "-"), (1.1, ":"), (1 / 1.1, ":")):
+            ax.plot([low, high], [low * factor, high * factor], style, color="C3", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_title(f"{family} ({len(rows)})", fontsize=9)
+        ax.set_xlabel(f"measured {rows[0].case.row['unit']}", fontsize=8)
+    axes[0].set_ylabel("predicted, held out")
+    fig.suptitle("Cost model on sources the fit did not see (dotted: +-10%)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out / "cost_model_held_out.png", dpi=120)
+    plt.close(fig)
+    points = [{"row_id": r.case.row["row_id"], "source": r.case.row["source"],
+               "measured": r.case.published, "predicted": r.predicted} for r in held]  # fmt: skip
+    (out / "cost_model_held_out.json").write_text(json.dumps(points, indent=1))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="first row of each table only")
+    parser.add_argument("--held-out", action="store_true", help="leave-one-source-out fits")
+    parser.add_argument("--evaluations", type=int, default=400, help="per fit (--held-out)")
+    parser.add_argument("--out", type=Path, help="PNG and JSON of the held-out predictions")
     args = parser.parse_args(argv)
+    if args.held_out:
+        held_out(args.evaluations, args.out)
+        return
     results = evaluate()
     if args.quick:
         seen: set[str] = set()

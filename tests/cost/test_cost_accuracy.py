@@ -1,6 +1,6 @@
 """The calibrated cost model against published training runs, per source table.
 
-Goal: under 10% mean error on each table. MT-NLG misses it for a reason outside the
+Goal: under 10% mean error on each table (published runs, MosaicML, vTrain). MT-NLG misses it for a reason outside the
 model's reach (see BENCHMARKS.md): its DeepSpeed run was ~25% slower per GPU than
 Megatron-LM's on the same model and GPUs (Korthikanti's Table 5, which the model matches);
 its bound guards against regressions.
@@ -22,13 +22,15 @@ def results():
 
 
 def test_every_row_is_predicted(results):
-    assert len(results) == len(read_rows()) == 33
+    assert len(results) == len(read_rows())
     assert all(r.predicted > 0 for r in results)
 
 
 def test_mean_error_per_table(results):
+    """In sample (the shipped constants are fitted on these rows); the out-of-sample
+    figures are ``benchmarks/cost_model_accuracy.py --held-out``'s."""
     errors = errors_by_source(results)
-    assert len(errors) == 6
+    assert len(errors) == 9
     for source, (mean, _, _) in errors.items():
         bound = next((b for k, b in KNOWN_MISSES.items() if source.startswith(k)), GOAL)
         assert mean < bound, f"{source}: mean error {mean:.1%}"

@@ -16,6 +16,21 @@ def test_1f1b_and_gpipe_take_m_plus_p_minus_1_slots():
         assert t.bubble_s == pytest.approx((P - 1) * 3.0)
 
 
+@pytest.mark.parametrize(("p", "m"), [(4, 1), (4, 2), (8, 3)])
+def test_1f1b_with_fewer_micro_batches_than_stages_runs_as_gpipe(p, m):
+    """vTrain's Megatron runs used 1F1B with m < pp: the builder's warm-up takes all m
+    forwards, so the makespan and the memory are GPipe's, and the closed forms say so."""
+    from legato.schedule import build_schedule, simulate
+    from legato.schedule.costs import CostModel
+
+    model = CostModel(f=1, b=1, w=1)
+    simulated = simulate(build_schedule("1f1b", stages=p, microbatches=m), model)
+    gpipe = simulate(build_schedule("gpipe", stages=p, microbatches=m), model)
+    assert simulated.makespan == pytest.approx(gpipe.makespan)
+    assert pipeline_time("1f1b", p, m, 1, 1, 1, 2, 1).total_s == pytest.approx(simulated.makespan)
+    assert in_flight_microbatches("1f1b", p, m, 1, 1) == max(simulated.peak_units) == m
+
+
 def test_interleaving_divides_the_bubble_by_v():
     t = pipeline_time("interleaved", P, M, 4, 1, 1.0, 2.0, 1.0)
     assert t.total_s == pytest.approx((M + (P - 1) / 4) * 3.0)

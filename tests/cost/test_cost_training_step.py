@@ -177,3 +177,31 @@ def _timed(spec, cluster, strategy) -> float:
     start = time.perf_counter()
     predict(spec, cluster, strategy)
     return time.perf_counter() - start
+
+
+def test_a_pass_is_never_shorter_than_the_host_takes_to_issue_its_kernels():
+    """launch_s is a floor, not an addition: a small model on tp=8 becomes host-bound
+    (m x kernels x launch_s, the device's work hidden under it), a large one's step does
+    not move."""
+    from dataclasses import replace
+
+    from legato.cost.calibration import CALIBRATION
+    from legato.cost.runtime import Runtime, kernels_per_pass
+
+    slow_host = replace(CALIBRATION, launch_s=1e-3)
+    small = load_model("gpt3-1.7b").with_(num_layers=4)
+    cluster = load_cluster("dgx-a100", nodes=1)
+    s = Strategy(tp=8, mbs=1, gbs=4, recompute="full")
+    k = kernels_per_pass(Runtime())
+    per_mb = small.num_layers * (2 * k.block_fwd + k.block_bwd) + k.edge_fwd + k.edge_bwd
+    floor = s.num_microbatches * per_mb * 1e-3  # full recompute: every block forward twice
+    bound = predict(small, cluster, s, calibration=slow_host).step_time_s
+    free = predict(small, cluster, s).step_time_s
+    assert floor <= bound <= floor + free
+    big = load_model("llama2-70b")
+    s = Strategy(tp=8, pp=8, mbs=1, gbs=64, recompute="full")
+    host = replace(CALIBRATION, launch_s=30e-6)
+    cluster = load_cluster("dgx-a100", nodes=8)
+    assert predict(big, cluster, s, calibration=host).step_time_s == pytest.approx(
+        predict(big, cluster, s).step_time_s, rel=1e-3
+    )

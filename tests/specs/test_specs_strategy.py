@@ -42,7 +42,7 @@ def test_malformed_strategy_is_one_line_error(text, fragment):
         ("tp=3,dp=1", 3, "tp \\(3\\) must divide num_heads \\(32\\)"),
         ("pp=64,gbs=128", 64, "pp\\*vpp \\(64\\) must be at most num_layers \\(32\\)"),
         ("dp=4,mbs=3,gbs=16", 4, "gbs \\(16\\) must be a multiple of mbs\\*dp"),
-        ("pp=4,gbs=2", 4, "needs at least pp=4 micro-batches"),
+        ("pp=4,gbs=2,schedule=zb-h1", 4, "zb-h1 needs at least pp=4 micro-batches"),
         ("pp=2,vpp=2,gbs=8", 2, "vpp=2 needs schedule interleaved"),
         ("dp=2,ep=2,gbs=2", 2, "ep/etp need an MoE model"),
         ("dp=2,gbs=2,moe_overlap=domino", 2, "moe_overlap=domino needs an MoE model"),

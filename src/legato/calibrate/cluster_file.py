@@ -86,7 +86,8 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
     and copy rates; collectives cost exactly their kind's fitted link (no extra base
     latency, all of the fitted bandwidth). ``kernel_overhead_s`` stays ``base``'s: the fork/join probe
     (``parallel_overhead_s``) is ~0 on idle cores and under load 2-15x what a training
-    kernel pays (BENCHMARKS.md, Local truth), so it is recorded, not charged."""
+    kernel pays (BENCHMARKS.md, Local truth), so it is recorded, not charged. No launch
+    floor (``launch_s`` 0): a CPU runs each kernel as it issues it, nothing runs ahead."""
     return dataclasses.replace(
         base,
         peak_fraction_by_device=((DEVICE_NAME, 1.0), *base.peak_fraction_by_device),
@@ -97,6 +98,7 @@ def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Cal
         latency_scale=1.0,
         bandwidth_fraction=1.0,
         collective_fits=collective_fits(m.comm),
+        launch_s=0.0,
     )
 
 

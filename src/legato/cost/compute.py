@@ -51,6 +51,7 @@ class DeviceModel:
     linear_peak_flops: float  # block linears: the fp8 peak in fp8 training, else peak_flops
     linear_bytes: int  # bytes per block-linear operand element (1 in fp8 training)
     kernel_overhead_s: float = 0.0  # per eager kernel, beyond its bytes and FLOPs
+    launch_s: float = 0.0  # host time to issue one kernel (a pass's floor, not added)
 
     @classmethod
     def of(cls, device: DeviceSpec, dtype: str, calibration: Calibration) -> DeviceModel:
@@ -69,6 +70,7 @@ class DeviceModel:
             linear_peak_flops=device.peak_flops("fp8") if fp8 else peak,
             linear_bytes=1 if fp8 else (4 if dtype == "fp32" else 2),
             kernel_overhead_s=calibration.kernel_overhead_s,
+            launch_s=calibration.launch_s,
         )
 
     def gemm_efficiency(self, m: float, n: float, k: float) -> float:
@@ -100,3 +102,9 @@ class DeviceModel:
     def kernels_time(self, kernels: float) -> float:
         """What ``kernels`` eager kernels cost beyond their work (dispatch, fork/join)."""
         return kernels * self.kernel_overhead_s
+
+    def launch_floor(self, kernels: float) -> float:
+        """The least time a pass of ``kernels`` kernels takes: the device runs ahead of
+        nothing, so once each kernel is shorter than the host's time to issue it (small
+        GEMMs, many ranks), the host's issue rate sets the pace, whatever the work."""
+        return kernels * self.launch_s

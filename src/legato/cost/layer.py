@@ -185,18 +185,23 @@ def _work(
     kernels: tuple[int, int],
 ) -> LayerWork:
     """Times of block-linear and other GEMMs plus attention plus elementwise bytes plus
-    the per-kernel overhead of ``kernels`` (forward, backward); the backward runs two GEMMs
-    per forward GEMM and moves twice the elementwise bytes (read the saved input and the
-    incoming gradient, write the outgoing one)."""
+    the per-kernel overhead of ``kernels`` (forward, backward), each pass no shorter than
+    the host takes to issue its kernels; the backward runs two GEMMs per forward GEMM and
+    moves twice the elementwise bytes (read the saved input and the incoming gradient,
+    write the outgoing one)."""
     timed = [(g, device.linear_time) for g in linears] + [(g, device.gemm_time) for g in others]
     fwd = sum(time(g) for g, time in timed)
     bwd = [(g.backward(), time) for g, time in timed]
     ew = device.memory_time(elementwise)
-    k_fwd, k_bwd = (device.kernels_time(k) for k in kernels)
+    n_fwd, n_bwd = kernels
+    bwd_weight = sum(time(dw) for (_, dw), time in bwd)
+    bwd_input = sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew
     return LayerWork(
-        fwd_s=fwd + attn_fwd + ew + k_fwd,
-        bwd_input_s=sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew + k_bwd,
-        bwd_weight_s=sum(time(dw) for (_, dw), time in bwd),
+        fwd_s=max(fwd + attn_fwd + ew + device.kernels_time(n_fwd), device.launch_floor(n_fwd)),
+        bwd_input_s=max(
+            bwd_input + device.kernels_time(n_bwd), device.launch_floor(n_bwd) - bwd_weight
+        ),
+        bwd_weight_s=bwd_weight,
         attn_fwd_s=attn_fwd,
         attn_bwd_s=attn_bwd,
         comms=comms.forward,

@@ -1,6 +1,7 @@
 """Published training runs as (model, cluster, strategy) triples, and the cost model's error.
 
-Each row of ``data/published_runs.csv`` becomes a ModelSpec (from its shape columns, or
+Each row of ``data/published_runs.csv`` and of the MosaicML and vTrain tables (restated
+in its columns by ``legato.cost.calibration_rows``) becomes a ModelSpec (from its shape columns, or
 the preset of its model name when they are empty), a ClusterSpec (the DGX preset of its
 GPU) and a Strategy (its layout columns); gaps are filled the way the source describes
 (each assumption is listed in ``ASSUMPTIONS``). The prediction is converted into the
@@ -17,10 +18,12 @@ from importlib import resources
 from typing import Any
 
 from legato.cost.calibration import CALIBRATION, Calibration
+from legato.cost.calibration_rows import mosaicml_rows, vtrain_rows
 from legato.cost.flops import forward_flops, training_step_flops
 from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime
 from legato.cost.training_step import predict
+from legato.errors import LegatoError
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.registry import load_cluster, load_model
@@ -45,6 +48,13 @@ ASSUMPTIONS = {
     "torchtitan": "FSDP2 full shard = ZeRO-3 with fp32 gradient reduction; eager "
     "PyTorch elementwise ops (torch.compile was off by default); 'selective "
     "layer'/'selective op' = selective; fused attention; DGX A100 network",
+    "MosaicML": "FSDP FULL_SHARD = ZeRO-3 (weights re-gathered every micro-batch); "
+    "mixed precision DEFAULT reduces gradients in fp32, PURE in bf16; fused (flash) "
+    "attention, no dropout; activation checkpointing = full recompute; MPT as GPT "
+    "(GeLU MLP 4d, LayerNorm, tied embeddings); 8 GPUs per node, RoCE 1600 Gb/s per node",
+    "vTrain": "Megatron-DeepSpeed: materialised attention with dropout, no SP, plain 1F1B, "
+    "gradients all-reduced after the backward; vocabulary 50257 padded to a multiple of "
+    "128 x tp; the GPUs used are one DGX A100 node's first 2, 4 or 8",
 }
 
 H100_ROCE = {
@@ -53,6 +63,12 @@ H100_ROCE = {
     "devices_per_node": 8,
     "intra_node": {"name": "NVLink 4", "bandwidth_gbps": 450, "latency_us": 2.0},
     "inter_node": {"name": "RoCE 400 Gb/s per GPU", "bandwidth_gbps": 50, "latency_us": 8.0},
+}
+A100_ROCE = {  # MosaicML's benchmark clusters
+    "name": "a100-roce",
+    "devices_per_node": 8,
+    "intra_node": {"name": "NVLink 3", "bandwidth_gbps": 300, "latency_us": 2.0},
+    "inter_node": {"name": "RoCE 200 Gb/s per GPU", "bandwidth_gbps": 25, "latency_us": 8.0},
 }
 PRESET_NAMES = {
     "Llama3-8B": "llama3-8b",
@@ -81,8 +97,9 @@ class Case:
 
 
 def read_rows() -> list[dict[str, str]]:
+    """Every calibration row: the published runs, then MosaicML's, then vTrain's."""
     text = resources.files("legato.cost").joinpath("data/published_runs.csv").read_text()
-    return list(csv.DictReader(text.splitlines()))
+    return [*csv.DictReader(text.splitlines()), *mosaicml_rows(), *vtrain_rows()]
 
 
 def _int(row: dict[str, str], key: str, default: int = 1) -> int:
@@ -96,6 +113,8 @@ FAMILIES = (  # source column prefix -> key of ASSUMPTIONS
     ("Smith2022", "Smith2022"),
     ("Llama3", "Llama3"),
     ("pytorch/torchtitan", "torchtitan"),
+    ("MosaicML", "MosaicML"),
+    ("vTrain", "vTrain"),
 )
 
 
@@ -136,10 +155,16 @@ def _model(row: dict[str, str]) -> ModelSpec:
 
 
 def _cluster(row: dict[str, str]) -> ClusterSpec:
-    nodes = _int(row, "n_gpus") // 8
+    gpus = _int(row, "n_gpus")
+    nodes, per_node = (gpus // 8, 8) if gpus >= 8 else (1, gpus)
     if row["gpu"].startswith("H100"):
-        return load_cluster({**H100_ROCE, "nodes": nodes})
-    return load_cluster("dgx-a100", nodes=nodes)
+        return load_cluster({**H100_ROCE, "nodes": nodes}, devices_per_node=per_node)
+    if row["gpu"].endswith("(RoCE)"):
+        device = "a100-40g" if "40GB" in row["gpu"] else "a100-80g"
+        return load_cluster(
+            {**A100_ROCE, "device": device, "nodes": nodes}, devices_per_node=per_node
+        )
+    return load_cluster("dgx-a100", nodes=nodes, devices_per_node=per_node)
 
 
 def build_case(row: dict[str, str]) -> Case:
@@ -165,6 +190,13 @@ def build_case(row: dict[str, str]) -> Case:
         runtime = Runtime(fused_elementwise=False, grad_reduce_bytes=4)
         overlap = True
         fields["zero"] = 3
+    elif family == "MosaicML":
+        runtime = Runtime(grad_reduce_bytes=4 if row["fsdp_mixed_precision"] == "DEFAULT" else 2)
+        overlap = True
+        fields["zero"] = 3
+    elif family == "vTrain":  # Megatron pads the vocabulary to a multiple of 128 x tp
+        multiple = 128 * fields["tp"]
+        model = model.with_(vocab_size=-(-model.vocab_size // multiple) * multiple)
     fields["schedule"] = "interleaved" if fields["vpp"] > 1 else "1f1b"
     strategy = Strategy(**fields)
     return Case(row, family, model, counted, _cluster(row), strategy, runtime, overlap)
@@ -192,8 +224,12 @@ def metric_value(case: Case, prediction: Prediction) -> float:
 
 @dataclass(frozen=True)
 class Result:
+    """One case's prediction: ``predicted`` in the row's metric, ``step_s`` the step."""
+
     case: Case
     predicted: float
+    step_s: float
+    fits: bool
 
     @property
     def ratio(self) -> float:
@@ -203,12 +239,49 @@ class Result:
     def error(self) -> float:
         return abs(self.ratio - 1)
 
+    @property
+    def measured_tokens_per_s(self) -> float:
+        """The published run's throughput: its step time, or (for a rate metric, which
+        scales as one over the step) the predicted step scaled by the ratio."""
+        tokens = self.case.strategy.gbs * self.case.counted.seq_len
+        if self.case.row["metric"] == "iteration time":
+            return tokens / self.case.published
+        return tokens / (self.step_s * self.ratio)
 
-def evaluate(calibration: Calibration = CALIBRATION) -> list[Result]:
-    """Predicted vs published for every row of the CSV."""
+    @property
+    def predicted_tokens_per_s(self) -> float:
+        return self.case.strategy.gbs * self.case.counted.seq_len / self.step_s
+
+
+@dataclass(frozen=True)
+class Rejected:
+    """A row the cost model refused, and its one-line reason."""
+
+    row: dict[str, str]
+    reason: str
+
+
+def load_cases(rows: list[dict[str, str]] | None = None) -> tuple[list[Case], list[Rejected]]:
+    """Every row (default: ``read_rows()``) as a Case that ``predict`` accepts; the rows it
+    refuses are returned with the reason instead of stopping the others."""
+    cases, rejected = [], []
+    for row in read_rows() if rows is None else rows:
+        try:
+            case = build_case(row)
+            case.strategy.check(case.model, case.cluster.world_size)
+        except LegatoError as exc:
+            rejected.append(Rejected(row, str(exc)))
+        else:
+            cases.append(case)
+    return cases, rejected
+
+
+def evaluate(
+    calibration: Calibration = CALIBRATION, cases: list[Case] | None = None
+) -> list[Result]:
+    """Predicted vs published for ``cases`` (default: every row ``load_cases`` accepts)."""
     results = []
-    for row in read_rows():
-        case = build_case(row)
+    for case in load_cases()[0] if cases is None else cases:
         prediction = predict(
             case.model,
             case.cluster,
@@ -217,7 +290,9 @@ def evaluate(calibration: Calibration = CALIBRATION) -> list[Result]:
             runtime=case.runtime,
             calibration=calibration,
         )
-        results.append(Result(case, metric_value(case, prediction)))
+        results.append(
+            Result(case, metric_value(case, prediction), prediction.step_time_s, prediction.fits)
+        )
     return results
 
 

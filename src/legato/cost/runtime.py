@@ -10,7 +10,7 @@ as separate kernels: ``fused_elementwise=False``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from legato.specs.dtypes import DTYPE_KINDS
 
@@ -81,7 +81,18 @@ def kernels_per_pass(runtime: Runtime) -> KernelCounts:
     dispatch hook on legato's dense block (RMSNorm, RoPE, SwiGLU, SDPA; torch 2.13): eager,
     35 forward and 51 backward per block, 9 and 14 at the edges. Fused elementwise runs each
     norm, the RoPE of Q and of K and the activation as one kernel per pass: 22 and 29 per
-    block, 7 and 8 at the edges. MoE routing kernels and the optimizer's are not counted."""
-    if runtime.fused_elementwise:
-        return KernelCounts(22, 29, 7, 8)
-    return KernelCounts(35, 51, 9, 14)
+    block, 7 and 8 at the edges. Materialised attention (counted by hand) runs QK^T, the
+    softmax and AV (and the probabilities' dropout) where SDPA runs one kernel; its
+    backward two GEMMs each and the softmax (and dropout) backward. MoE routing kernels
+    and the optimizer's are not counted."""
+    counts = (
+        KernelCounts(22, 29, 7, 8) if runtime.fused_elementwise else KernelCounts(35, 51, 9, 14)
+    )
+    if runtime.flash_attention:
+        return counts
+    dropout = int(runtime.dropout)
+    return replace(
+        counts,
+        block_fwd=counts.block_fwd + 2 + dropout,
+        block_bwd=counts.block_bwd + 4 + dropout,
+    )

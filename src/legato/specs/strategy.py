@@ -42,6 +42,7 @@ DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MOE_OVERLAPS = ("none", "domino", "comet")
 BOOLEANS = ("sp", "swap")
 ALWAYS_WRITTEN = ("dp", "tp", "pp", "zero", "mbs", "gbs", "dtype")
+LOOSE_M = ("gpipe", "1f1b")  # schedules that run any number of micro-batches
 # Largest value of each integer key (see legato.specs.limits for why these).
 UPPER_BOUNDS = {
     **dict.fromkeys(("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp"), MAX_DEVICES),
@@ -157,7 +158,9 @@ class Strategy:
                 f"strategy: gbs ({self.gbs}) must be a multiple of mbs*dp "
                 f"({self.mbs}*{self.dp} = {self.mbs * self.dp})"
             )
-        if self.pp > 1 and self.num_microbatches < self.pp and self.schedule != "gpipe":
+        # 1F1B with fewer micro-batches than stages warms up with all of them and runs as
+        # GPipe (Megatron's warm-up is min(pp - rank - 1, m)); the others need m >= pp.
+        if self.pp > 1 and self.num_microbatches < self.pp and self.schedule not in LOOSE_M:
             raise StrategyError(
                 f"strategy: {self.schedule} needs at least pp={self.pp} micro-batches per "
                 f"step, got gbs/(mbs*dp) = {self.num_microbatches}"

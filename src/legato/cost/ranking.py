@@ -1,0 +1,86 @@
+"""Does the cost model rank alternative plans the way the measured runs did?
+
+A planner is only as good as its ordering: a model 20% off everywhere still picks the best
+plan, one 5% off in the wrong direction between two plans does not. A group is every
+measured run of one job (same model shape, sequence, GPU type and count, global batch)
+under different layouts; per group we report Spearman's rank correlation between
+predicted and measured throughput and the pick regret: how much throughput the
+predicted-best plan loses to the measured best.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from statistics import median
+
+from scipy.stats import spearmanr
+
+from legato.cost.published import Result
+
+
+def job_key(result: Result) -> tuple:
+    """What a group shares: the job, not how it was split."""
+    case = result.case
+    m = case.counted
+    shape = (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size)
+    return (case.family, shape, m.seq_len, case.cluster.device.name,
+            case.cluster.world_size, case.strategy.gbs)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class GroupRanking:
+    key: tuple
+    plans: int
+    spearman: float | None  # None below three plans (two plans give only +-1)
+    regret: float  # 1 - measured(predicted best) / measured best
+    predicted_best: str  # strategy strings
+    measured_best: str
+
+
+def rank_groups(results: Sequence[Result], min_plans: int = 2) -> list[GroupRanking]:
+    """Every group of at least ``min_plans`` alternative plans, in first-seen order."""
+    groups: dict[tuple, list[Result]] = {}
+    for r in results:
+        groups.setdefault(job_key(r), []).append(r)
+    rankings = []
+    for key, members in groups.items():
+        if len(members) < min_plans:
+            continue
+        predicted = [r.predicted_tokens_per_s for r in members]
+        measured = [r.measured_tokens_per_s for r in members]
+        pick = members[max(range(len(members)), key=predicted.__getitem__)]
+        best = members[max(range(len(members)), key=measured.__getitem__)]
+        rho = None
+        if len(members) >= 3:
+            value = float(spearmanr(predicted, measured).statistic)
+            rho = None if math.isnan(value) else value  # nan: measured all equal
+        rankings.append(
+            GroupRanking(
+                key,
+                len(members),
+                rho,
+                1 - pick.measured_tokens_per_s / best.measured_tokens_per_s,
+                pick.case.strategy.to_string(),
+                best.case.strategy.to_string(),
+            )
+        )
+    return rankings
+
+
+def summary(rankings: Sequence[GroupRanking]) -> dict[str, float | int]:
+    """Median and worst over groups (regret mean too: the expected loss of trusting it)."""
+    rhos = sorted(g.spearman for g in rankings if g.spearman is not None)
+    regrets = sorted(g.regret for g in rankings)
+    out: dict[str, float | int] = {"groups": len(rankings), "ranked_groups": len(rhos)}
+    if rhos:
+        out.update(spearman_median=median(rhos), spearman_min=rhos[0])
+    if regrets:
+        out.update(
+            regret_median=median(regrets),
+            regret_mean=math.fsum(regrets) / len(regrets),
+            regret_max=regrets[-1],
+            picks_within_5pct=sum(r <= 0.05 for r in regrets) / len(regrets),
+        )
+    return out
