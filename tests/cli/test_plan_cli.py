@@ -244,3 +244,65 @@ def test_plan_scores_with_the_calibration(capsys, tmp_path):
         assert code == 0, err
         steps.append(json.loads(out)["plans"][0]["step_time_s"])
     assert steps[1] > steps[0]
+
+
+def test_runtime_keys_change_the_price_on_the_command_line_and_per_batch_line(capsys, tmp_path):
+    """Materialised attention with dropout is slower than flash attention; fp32 gradient
+    reduction doubles ZeRO-3's reduce-scatter bytes; a --batch line's runtime overrides
+    --runtime's, a bad one fails that line only."""
+    target = ("--model", "llama3-8b", "--cluster", "dgx-a100", "--nodes", "2", "--json")
+    strategy = "dp=16,zero=3,gbs=32"
+
+    def step(*runtime: str) -> dict:
+        code, out, err = run(capsys, "predict", *target, "--strategy", strategy, *runtime)
+        assert code == 0, err
+        return json.loads(out)
+
+    plain, eager = step(), step("--runtime", "flash_attention=0,dropout=1")
+    assert eager["breakdown"]["compute_s"] > 1.1 * plain["breakdown"]["compute_s"]
+    fp32 = step("--runtime", "grad_reduce_bytes=4")
+    assert fp32["breakdown"]["comm_s"]["dp"] > 1.2 * plain["breakdown"]["comm_s"]["dp"]
+    line = {"model": "llama3-8b", "cluster": "dgx-a100", "nodes": 2, "strategy": strategy}
+    batch = tmp_path / "b.jsonl"
+    batch.write_text("\n".join(json.dumps(x) for x in (
+        line, {**line, "runtime": {"flash_attention": False, "dropout": True}},
+        {**line, "runtime": "grad_reduce_bytes=3"},
+    )) + "\n")  # fmt: skip
+    code, out, _ = run(capsys, "predict", "--batch", str(batch), "--runtime", "grad_reduce_bytes=4")
+    results = [json.loads(x) for x in out.splitlines()]
+    assert code == 2 and len(results) == 3
+    assert results[0]["breakdown"]["comm_s"] == fp32["breakdown"]["comm_s"]
+    assert results[1]["breakdown"]["compute_s"] == eager["breakdown"]["compute_s"]
+    assert (
+        "line 3: runtime.grad_reduce_bytes: must be 2 (bf16/fp16) or 4 (fp32)"
+        in results[2]["error"]
+    )
+
+
+@pytest.mark.parametrize(
+    ("runtime", "fragment"),
+    [
+        ("flash=0", "--runtime: bad item 'flash=0'; expected key=value with key in"),
+        ("dropout=2", "--runtime.dropout: must be 0/1/true/false, got '2'"),
+        ("host_link_gbps=-1", "--runtime.host_link_gbps: must be > 0"),
+    ],
+)
+def test_bad_runtime_is_one_line_exit_2(capsys, runtime, fragment):
+    code, out, err = run(capsys, "plan", "--model", "tiny", "--cluster", "local-cpu",
+                         "--gbs", "12", "--runtime", runtime)  # fmt: skip
+    assert code == 2 and out == "" and fragment in err and err.count("\n") == 1
+
+
+def test_plan_scores_with_the_runtime(capsys):
+    """Under materialised attention with dropout the plan differs from the default one, and
+    prices (with that runtime) no slower than the default plan does."""
+    eager = ("--runtime", "flash_attention=0,dropout=1")
+    target = ("--model", "llama3-8b", "--cluster", "dgx-a100", "--json")
+    plans = []
+    for runtime in ((), eager):
+        code, out, err = run(capsys, "plan", *target, "--gbs", "16", "--top", "1", *runtime)
+        assert code == 0, err
+        plans.append(json.loads(out)["plans"][0])
+    assert plans[0]["strategy"] != plans[1]["strategy"]
+    code, out, _ = run(capsys, "predict", *target, "--strategy", plans[0]["strategy"], *eager)
+    assert plans[1]["step_time_s"] <= json.loads(out)["step_time_s"]

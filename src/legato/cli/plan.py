@@ -23,6 +23,7 @@ from rich.measure import Measurement
 from rich.table import Table
 
 from legato.cost.calibration import CALIBRATION, Calibration, calibration_beside, load_calibration
+from legato.cost.runtime import Runtime, parse_runtime
 from legato.errors import LegatoError
 from legato.plan.report import PlanReport, make_plan
 from legato.plan.search import Scorer
@@ -35,8 +36,9 @@ output (--json): one JSON object with model, cluster, devices, strategy, step_ti
 tokens_per_s, mfu, hfu, tflops_per_device, memory_gib, fits, why_not_fits and breakdown
 (compute_s, bubble_s, exposed_comm_s and comm_s per mesh axis, memory_gib per term).
 --batch FILE.jsonl: one JSON object per line, {"model": M, "cluster": C, "strategy": S,
-"nodes": N (optional), "seq": L (optional)}, M and C a preset name, a file path or an
-inline table, S a strategy string or table; prints one JSON line per input line in order
+"nodes": N, "seq": L, "runtime": R (the last three optional)}, M and C a preset name, a
+file path or an inline table, S a strategy string or table, R a --runtime string or table
+(default: --runtime's); prints one JSON line per input line in order
 ({"error": "..."} for a bad line) and exits 2 if any line failed. Blank lines are skipped."""
 
 PLAN_EPILOG = """\
@@ -64,6 +66,14 @@ def _add_target(parser: argparse.ArgumentParser, required: bool) -> None:
         help="cost-model constants (JSON of Calibration fields, or a `legato calibrate` "
         "side file); default: for a cluster file written by `legato calibrate`, its "
         "<stem>.calibration.json when present, else the GPU-fitted constants",
+    )
+    parser.add_argument(
+        "--runtime",
+        metavar="KEY=VALUE,...",
+        help="how the kernels and framework behave: flash_attention, dropout, "
+        "fused_elementwise (0/1), grad_reduce_bytes (2 or 4: fp32 reductions, as FSDP "
+        "mixed precision's default), host_link_gbps; default: a current PyTorch stack "
+        "(flash attention, no dropout, fused elementwise, reduce in the training dtype)",
     )
 
 
@@ -148,26 +158,30 @@ def predict_one(
     strategy: Strategy,
     overlap: bool = True,
     calibration: Calibration = CALIBRATION,
+    runtime: Runtime | None = None,
 ) -> dict[str, Any]:
     """The JSON object ``legato predict`` prints for one triple."""
     from legato.cost.training_step import predict
 
     strategy.check(model, cluster.world_size)
-    prediction = predict(model, cluster, strategy, overlap=overlap, calibration=calibration)
+    prediction = predict(
+        model, cluster, strategy, overlap=overlap, calibration=calibration, runtime=runtime
+    )
     head = {"model": model.name, "cluster": cluster.name, "devices": cluster.world_size}
     return {**head, "strategy": strategy.to_string(), **prediction.to_dict()}
 
 
 def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
     overlap = not args.no_overlap
+    runtime = parse_runtime(args.runtime, "--runtime")
     if args.batch:
-        return _run_batch(args.batch, overlap, args.calibration)
+        return _run_batch(args.batch, overlap, args.calibration, runtime)
     missing = [f"--{n}" for n in ("model", "cluster", "strategy") if getattr(args, n) is None]
     if missing:
         raise LegatoError(f"predict needs {', '.join(missing)} (or --batch FILE.jsonl)")
     model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
     calibration = _calibration(args.calibration, args.cluster)
-    result = predict_one(model, cluster, _strategy(args.strategy), overlap, calibration)
+    result = predict_one(model, cluster, _strategy(args.strategy), overlap, calibration, runtime)
     if args.json:
         print(json.dumps(result))
     else:
@@ -175,26 +189,31 @@ def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
     return 0
 
 
-def _batch_line(line: str, overlap: bool, calibration_file: str | None) -> dict[str, Any]:
+def _batch_line(
+    line: str, overlap: bool, calibration_file: str | None, runtime: Runtime
+) -> dict[str, Any]:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as exc:
         raise LegatoError(f"not a JSON object: {exc.msg} at column {exc.colno}") from None
     if not isinstance(item, dict):
         raise LegatoError("each line must be a JSON object")
-    unknown = set(item) - {"model", "cluster", "strategy", "nodes", "seq"}
+    unknown = set(item) - {"model", "cluster", "strategy", "nodes", "seq", "runtime"}
     missing = {"model", "cluster", "strategy"} - set(item)
     if unknown or missing:
         raise LegatoError(
-            f"line keys must be model, cluster, strategy and optional nodes, seq; "
+            f"line keys must be model, cluster, strategy and optional nodes, seq, runtime; "
             f"missing {sorted(missing)}, unknown {sorted(unknown)}"
         )
     model, cluster = _load(item["model"], item["cluster"], item.get("nodes"), item.get("seq"))
     calibration = _calibration(calibration_file, item["cluster"])
-    return predict_one(model, cluster, _strategy(item["strategy"]), overlap, calibration)
+    if "runtime" in item:
+        runtime = parse_runtime(item["runtime"])
+    strategy = _strategy(item["strategy"])
+    return predict_one(model, cluster, strategy, overlap, calibration, runtime)
 
 
-def _run_batch(path: str, overlap: bool, calibration_file: str | None) -> int:
+def _run_batch(path: str, overlap: bool, calibration_file: str | None, runtime: Runtime) -> int:
     try:
         with open(path, encoding="utf-8") as f:
             lines = f.read().splitlines()
@@ -205,7 +224,7 @@ def _run_batch(path: str, overlap: bool, calibration_file: str | None) -> int:
         if not line.strip():
             continue
         try:
-            out = _batch_line(line, overlap, calibration_file)
+            out = _batch_line(line, overlap, calibration_file, runtime)
         except LegatoError as exc:
             failed += 1
             out = {"error": f"line {number}: {exc}"}
@@ -220,7 +239,8 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
     if args.top < 1:
         raise LegatoError(f"--top must be >= 1, got {args.top}")
     space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype)
-    scorer = _scorer(_calibration(args.calibration, args.cluster))
+    runtime = parse_runtime(args.runtime, "--runtime")
+    scorer = _scorer(_calibration(args.calibration, args.cluster), runtime)
     report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space, scorer=scorer)
     if args.json:
         print(json.dumps(report.to_dict()))
@@ -279,13 +299,14 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                       f"train` yet: {'; '.join(refused)} (raise --top to see more)")  # fmt: skip
 
 
-def _scorer(calibration: Calibration) -> Scorer | None:
-    """The cost model under ``calibration`` (None: the planner's default scorer)."""
-    if calibration == CALIBRATION:
+def _scorer(calibration: Calibration, runtime: Runtime) -> Scorer | None:
+    """The cost model under ``calibration`` and ``runtime`` (None: the planner's default
+    scorer, which is both defaults')."""
+    if calibration == CALIBRATION and runtime == Runtime():
         return None
     from legato.cost.training_step import predict
 
-    return functools.partial(predict, calibration=calibration)
+    return functools.partial(predict, calibration=calibration, runtime=runtime)
 
 
 def _console() -> Console:

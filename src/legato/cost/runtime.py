@@ -11,8 +11,11 @@ as separate kernels: ``fused_elementwise=False``.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any, get_type_hints
 
+from legato.errors import ConfigError
 from legato.specs.dtypes import DTYPE_KINDS
+from legato.specs.typed import from_dict
 
 DTYPE_BYTES = {name: kind.bytes for name, kind in DTYPE_KINDS.items()}
 HOST_LINK_GBPS = 55.0  # PCIe 5.0 x16, effective GB/s one way per GPU (H100/H800 class)
@@ -45,6 +48,54 @@ class OpBytes:
     rope: float  # per Q and K element
     activation: float  # per FFN element (per expert FFN element for MoE)
     layout: float  # per Q, K, V and output element: transposes around eager attention
+
+
+GRAD_REDUCE_BYTES = (2, 4)  # bf16/fp16 or fp32 gradient reduction
+
+
+def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -> Runtime:
+    """A Runtime from ``flash_attention=0,dropout=1,fused_elementwise=0,grad_reduce_bytes=4,
+    host_link_gbps=64`` (the command line) or a table of those keys (a ``--batch`` line);
+    None or empty: the defaults. ConfigError (one line, naming the key) otherwise."""
+    if source is None or source == "":
+        return Runtime()
+    if isinstance(source, str):
+        source = _pairs(source, where)
+    if not isinstance(source, dict):
+        raise ConfigError(f"{where}: expected key=value pairs or a table, got {source!r}")
+    runtime = from_dict(Runtime, source, where, ConfigError)
+    if runtime.grad_reduce_bytes not in (None, *GRAD_REDUCE_BYTES):
+        raise ConfigError(
+            f"{where}.grad_reduce_bytes: must be 2 (bf16/fp16) or 4 (fp32), "
+            f"got {runtime.grad_reduce_bytes}"
+        )
+    if not runtime.host_link_gbps > 0:
+        raise ConfigError(f"{where}.host_link_gbps: must be > 0, got {runtime.host_link_gbps}")
+    return runtime
+
+
+def _pairs(text: str, where: str) -> dict[str, Any]:
+    """``key=value`` items typed by Runtime's fields (booleans as 0/1/true/false)."""
+    kinds = get_type_hints(Runtime)
+    out: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or key not in kinds:
+            raise ConfigError(
+                f"{where}: bad item {item!r}; expected key=value with key in {', '.join(kinds)}"
+            )
+        kind = kinds[key]
+        try:
+            if kind is bool:
+                if value.lower() not in ("0", "1", "true", "false"):
+                    raise ValueError
+                out[key] = value.lower() in ("1", "true")
+            else:
+                out[key] = float(value) if kind is float else int(value)
+        except ValueError:
+            allowed = {bool: "0/1/true/false", float: "a number"}.get(kind, "an integer")
+            raise ConfigError(f"{where}.{key}: must be {allowed}, got {value!r}") from None
+    return out
 
 
 def op_bytes(runtime: Runtime, d: int, mlp: str) -> OpBytes:
