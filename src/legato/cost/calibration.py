@@ -11,7 +11,7 @@ of these numbers. They are global: no constant belongs to one model or one publi
   ``memory_bw_fraction``, ``launch_s``): fitted by ``legato.cost.held_out.fit_constants``
   on every calibration row (the published runs, MosaicML's FSDP table, vTrain's sweep),
   minimising the mean over source tables of each table's mean error (every table weighs
-  alike), rounded. What they are worth on data the fit did not see is the
+  alike) from public priors (``held_out.FITTED``), rounded. What they are worth on data the fit did not see is the
   leave-one-source-out table in BENCHMARKS.md (``cost_model_accuracy.py --held-out``).
 * ``kernel_overhead_s``: 0 for the GPU constants (a GPU's host cost is ``launch_s``, a
   floor under each pass, not an addition); ``legato calibrate`` measures it on a CPU host
@@ -48,24 +48,29 @@ class Calibration:
     ``collective_fits`` uses its own latency and bandwidth instead of the link's.
     """
 
-    # A100 class: 0.72 of 312 TFLOP/s (225) sustained in training; fitted (public cuBLAS
+    # A100 class: 0.73 of 312 TFLOP/s (228) sustained in training; fitted (public cuBLAS
     # peaks are 85-90% for isolated large GEMMs; clocks drop under sustained load).
-    peak_fraction: float = 0.72
-    # H100 SXM: 0.69 of 989 TFLOP/s (~680; public sustained figures 650-750); fitted on the
+    peak_fraction: float = 0.73
+    # H100 SXM: 0.70 of 989 TFLOP/s (~690; public sustained figures 650-750); fitted on the
     # Llama 3 rows, the only H100 data.
     peak_fraction_by_device: tuple[tuple[str, float], ...] = (
-        ("h100", 0.69),
-        ("h200", 0.69),
-        ("h800", 0.69),
+        ("h100", 0.70),
+        ("h200", 0.70),
+        ("h800", 0.70),
     )
     # A GEMM with one dimension this small (the others large) runs at half the rate (tile
-    # quantisation, too few tiles to fill the device); fitted. Small: once the host's issue
-    # rate (``launch_s``) bounds small passes, little shape penalty is left to explain.
-    gemm_half_dim: float = 4.4
+    # quantisation, too few tiles to fill the device); fitted. Half the prior 32: once the
+    # host's issue rate (``launch_s``) bounds small passes, less is left for shapes to explain.
+    gemm_half_dim: float = 16.0
     # Fused attention's forward runs at this share of the GEMM rate; its backward takes
     # 2.5x the forward (5 matmuls instead of 2). Fitted (FlashAttention-2 reports 50-70% of
     # A100 peak forward, less backward).
-    attention_fraction: float = 0.44
+    attention_fraction: float = 0.43
+    # An FP8 GEMM reaches this share of the bf16 GEMM's efficiency (of its own 2x peak):
+    # public H100 cuBLAS figures put large FP8 GEMMs at 1.5-1.6x bf16, and tile-wise
+    # scaling promotes partial sums to FP32 every 128 elements. Not fitted: no calibration
+    # row trained in FP8.
+    fp8_gemm_share: float = 0.8
     # Streaming kernels (norms, activations, softmax, optimizer) reach this share of the
     # datasheet memory bandwidth; fitted (STREAM-like copies reach 80-90% on A100/H100,
     # short or strided kernels less).

@@ -9,7 +9,12 @@ softmax, dropout, the optimizer step) are memory-bound: bytes over bandwidth.
 
 FP8 training is tile-wise FP8 for the block linears only (``legato.precision``): they run
 at the device's fp8 peak on one-byte operands (``linear_time``), while attention, the
-router and the LM head stay in bf16 (``gemm_time``, ``attention_time``).
+router and the LM head stay in bf16 (``gemm_time``, ``attention_time``). An FP8 GEMM keeps
+only ``fp8_gemm_share`` of the bf16 GEMM's efficiency (per-tile scaling, the FP32
+promotion of partial sums), and each of its two operands is quantised first by its own
+memory-bound pass: read in bf16, written in fp8 (3 bytes per element; the forward
+quantises X and W, the input gradient dY and W^T, the weight gradient X^T and dY^T, as
+tile-wise scaling runs along each GEMM's own reduction axis).
 """
 
 from __future__ import annotations
@@ -18,6 +23,8 @@ from dataclasses import dataclass
 
 from legato.cost.calibration import Calibration
 from legato.specs.device import DeviceSpec
+
+QUANTISE_BYTES = 3  # per element: read bf16, write fp8 (the per-tile scales are ~1% more)
 
 
 @dataclass(frozen=True)
@@ -50,6 +57,7 @@ class DeviceModel:
     dtype_bytes: int
     linear_peak_flops: float  # block linears: the fp8 peak in fp8 training, else peak_flops
     linear_bytes: int  # bytes per block-linear operand element (1 in fp8 training)
+    linear_share: float = 1.0  # of the GEMM efficiency block linears keep (fp8_gemm_share)
     kernel_overhead_s: float = 0.0  # per eager kernel, beyond its bytes and FLOPs
     launch_s: float = 0.0  # host time to issue one kernel (a pass's floor, not added)
 
@@ -69,6 +77,7 @@ class DeviceModel:
             dtype_bytes=4 if dtype == "fp32" else 2,
             linear_peak_flops=device.peak_flops("fp8") if fp8 else peak,
             linear_bytes=1 if fp8 else (4 if dtype == "fp32" else 2),
+            linear_share=calibration.fp8_gemm_share if fp8 else 1.0,
             kernel_overhead_s=calibration.kernel_overhead_s,
             launch_s=calibration.launch_s,
         )
@@ -82,13 +91,17 @@ class DeviceModel:
         return self._time(g, self.peak_flops, self.dtype_bytes)
 
     def linear_time(self, g: Gemm) -> float:
-        """A block linear's GEMM (forward, input or weight gradient): fp8 in fp8 training."""
-        return self._time(g, self.linear_peak_flops, self.linear_bytes)
+        """A block linear's GEMM (forward, input or weight gradient): fp8 in fp8 training,
+        after quantising both operands."""
+        gemm = self._time(g, self.linear_peak_flops, self.linear_bytes, self.linear_share)
+        if self.linear_bytes != 1 or g.count <= 0:
+            return gemm
+        return gemm + self.memory_time(QUANTISE_BYTES * (g.m * g.k + g.k * g.n) * g.count)
 
-    def _time(self, g: Gemm, peak: float, element_bytes: int) -> float:
+    def _time(self, g: Gemm, peak: float, element_bytes: int, share: float = 1.0) -> float:
         if g.m <= 0 or g.n <= 0 or g.k <= 0 or g.count <= 0:
             return 0.0
-        compute = g.flops / (peak * self.gemm_efficiency(g.m, g.n, g.k))
+        compute = g.flops / (peak * share * self.gemm_efficiency(g.m, g.n, g.k))
         nbytes = element_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
         return max(compute, self.memory_time(nbytes))
 
