@@ -115,3 +115,17 @@ def test_too_big_is_not_an_error_but_names_the_largest_term():
         Strategy(dp=8, gbs=8, zero=3, recompute="full"),
     )
     assert ok.fits and ok.why_not_fits == ""
+
+
+def test_a_loss_in_the_training_dtype_keeps_two_bytes_per_logit_less():
+    """Runtime.loss_bytes=2 (FSDP PURE bf16: no fp32 upcast for the loss) saves 2 bytes
+    per logit element of the micro-batch on the last stage, nothing else."""
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100", nodes=1)
+    s = Strategy(dp=8, zero=3, mbs=2, gbs=16)
+    fp32 = predict(model, cluster, s, runtime=Runtime(loss_bytes=4)).breakdown["memory_gib"]
+    bf16 = predict(model, cluster, s, runtime=Runtime(loss_bytes=2)).breakdown["memory_gib"]
+    saved = 2 * s.mbs * model.seq_len * model.vocab_size / GIB
+    assert fp32["activations"] - bf16["activations"] == pytest.approx(saved)
+    assert {k: v for k, v in fp32.items() if k != "activations"} == {
+        k: v for k, v in bf16.items() if k != "activations"
+    }

@@ -59,13 +59,13 @@ class Calibration:
         ("h800", 0.70),
     )
     # A GEMM with one dimension this small (the others large) runs at half the rate (tile
-    # quantisation, too few tiles to fill the device); fitted. Half the prior 32: once the
+    # quantisation, too few tiles to fill the device); fitted. Below the prior 32: once the
     # host's issue rate (``launch_s``) bounds small passes, less is left for shapes to explain.
-    gemm_half_dim: float = 16.0
+    gemm_half_dim: float = 23.0
     # Fused attention's forward runs at this share of the GEMM rate; its backward takes
     # 2.5x the forward (5 matmuls instead of 2). Fitted (FlashAttention-2 reports 50-70% of
     # A100 peak forward, less backward).
-    attention_fraction: float = 0.43
+    attention_fraction: float = 0.42
     # An FP8 GEMM reaches this share of the bf16 GEMM's efficiency (of its own 2x peak):
     # public H100 cuBLAS figures put large FP8 GEMMs at 1.5-1.6x bf16, and tile-wise
     # scaling promotes partial sums to FP32 every 128 elements. Not fitted: no calibration

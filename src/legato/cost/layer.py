@@ -153,9 +153,10 @@ def edge_work(
     runtime: Runtime | None = None,
 ) -> LayerWork:
     """The embedding (first stage) and the LM head with its loss (last stage): the head
-    GEMM over the vocabulary shard, fp32 logits written, read for softmax and written as
-    gradients (4 fp32 passes plus the low-precision logits), the embedding gather.
-    ``runtime`` sets the edge kernels' count (``kernels_per_pass``)."""
+    GEMM over the vocabulary shard, the loss's logits written, read for softmax and written
+    as gradients (4 passes at ``runtime.loss_bytes`` plus the low-precision logits), the
+    embedding gather. ``runtime`` also sets the edge kernels' count (``kernels_per_pass``)."""
+    runtime = runtime or Runtime()
     s, t = model.seq_len, strategy.tp
     tokens = strategy.mbs * s / strategy.cp
     h, d = model.hidden_size, activation_bytes(strategy.dtype)
@@ -166,10 +167,10 @@ def edge_work(
         fwd, bwd = emb.forward, emb.backward
     if last:
         gemms.append(Gemm(tokens, model.vocab_size / t, h))  # stays in bf16 under fp8
-        elementwise += (d + 4 * 4) * tokens * model.vocab_size / t
+        elementwise += (d + 4 * runtime.loss_bytes) * tokens * model.vocab_size / t
         head = tp_collectives(model, strategy, "head")
         fwd, bwd = fwd + head.forward, bwd + head.backward
-    k = kernels_per_pass(runtime or Runtime())
+    k = kernels_per_pass(runtime)
     kernels = (k.edge_fwd, k.edge_bwd) if first or last else (0, 0)
     return _work(device, [], gemms, elementwise, PassComms(fwd, bwd), 0.0, 0.0, kernels)
 

@@ -178,11 +178,12 @@ def model_states(held: DeviceParams, strategy: Strategy) -> tuple[float, float, 
     return per.weights * stored(3), per.grads * stored(2), per.optimizer * stored(1)
 
 
-def logits_bytes(model: ModelSpec, strategy: Strategy) -> float:
-    """fp32 logits of one micro-batch on the last stage, plus their low-precision copy."""
+def logits_bytes(model: ModelSpec, strategy: Strategy, loss_bytes: int = 4) -> float:
+    """Logits of one micro-batch on the last stage, in the training dtype and in the
+    loss's working copy (fp32 unless ``Runtime.loss_bytes`` says otherwise)."""
     tokens = strategy.mbs * model.seq_len / strategy.cp
     d = activation_bytes(strategy.dtype)
-    return (4 + d) * tokens * model.vocab_size / strategy.tp
+    return (loss_bytes + d) * tokens * model.vocab_size / strategy.tp
 
 
 def comm_buffer_bytes(largest_block: DeviceParams, model: ModelSpec, strategy: Strategy) -> float:

@@ -49,7 +49,8 @@ ASSUMPTIONS = {
     "PyTorch elementwise ops (torch.compile was off by default); 'selective "
     "layer'/'selective op' = selective; fused attention; DGX A100 network",
     "MosaicML": "FSDP FULL_SHARD = ZeRO-3 (weights re-gathered every micro-batch); "
-    "mixed precision DEFAULT reduces gradients in fp32, PURE in bf16; fused (flash) "
+    "mixed precision DEFAULT reduces gradients and computes the loss in fp32, PURE in "
+    "bf16; fused (flash) "
     "attention, no dropout; activation checkpointing = full recompute; MPT as GPT "
     "(GeLU MLP 4d, LayerNorm, tied embeddings); 8 GPUs per node, RoCE 1600 Gb/s per node",
     "vTrain": "Megatron-DeepSpeed: materialised attention with dropout, no SP, plain 1F1B, "
@@ -190,8 +191,9 @@ def build_case(row: dict[str, str]) -> Case:
         runtime = Runtime(fused_elementwise=False, grad_reduce_bytes=4)
         overlap = True
         fields["zero"] = 3
-    elif family == "MosaicML":
-        runtime = Runtime(grad_reduce_bytes=4 if row["fsdp_mixed_precision"] == "DEFAULT" else 2)
+    elif family == "MosaicML":  # DEFAULT: fp32 reductions and loss; PURE: both in bf16
+        reduced = 4 if row["fsdp_mixed_precision"] == "DEFAULT" else 2
+        runtime = Runtime(grad_reduce_bytes=reduced, loss_bytes=reduced)
         overlap = True
         fields["zero"] = 3
     elif family == "vTrain":  # Megatron pads the vocabulary to a multiple of 128 x tp

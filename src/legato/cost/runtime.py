@@ -30,13 +30,17 @@ class Runtime:
     than chains of eager ops. ``grad_reduce_bytes``: bytes per gradient element in the
     data-parallel reduction (None: the training dtype's; FSDP2's default fp32 reduction
     is 4). ``host_link_gbps``: the device's link to host memory, GB/s one way, which
-    activation swap uses (not in ``DeviceSpec``; the default is PCIe 5.0 x16)."""
+    activation swap uses (not in ``DeviceSpec``; the default is PCIe 5.0 x16).
+    ``loss_bytes``: bytes per logit element of the loss's working copy: 4 when it upcasts
+    the logits to fp32 (Megatron, legato, autocast), 2 when it stays in the training dtype
+    (FSDP's PURE bf16 mixed precision)."""
 
     flash_attention: bool = True
     dropout: bool = False
     fused_elementwise: bool = True
     grad_reduce_bytes: int | None = None
     host_link_gbps: float = HOST_LINK_GBPS
+    loss_bytes: int = 4
 
 
 @dataclass(frozen=True)
@@ -50,12 +54,12 @@ class OpBytes:
     layout: float  # per Q, K, V and output element: transposes around eager attention
 
 
-GRAD_REDUCE_BYTES = (2, 4)  # bf16/fp16 or fp32 gradient reduction
+REDUCED_BYTES = (2, 4)  # bf16/fp16 or fp32 gradient reduction and loss
 
 
 def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -> Runtime:
     """A Runtime from ``flash_attention=0,dropout=1,fused_elementwise=0,grad_reduce_bytes=4,
-    host_link_gbps=64`` (the command line) or a table of those keys (a ``--batch`` line);
+    host_link_gbps=64,loss_bytes=2`` (the command line) or a table of those keys (a ``--batch`` line);
     None or empty: the defaults. ConfigError (one line, naming the key) otherwise."""
     if source is None or source == "":
         return Runtime()
@@ -64,11 +68,10 @@ def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -
     if not isinstance(source, dict):
         raise ConfigError(f"{where}: expected key=value pairs or a table, got {source!r}")
     runtime = from_dict(Runtime, source, where, ConfigError)
-    if runtime.grad_reduce_bytes not in (None, *GRAD_REDUCE_BYTES):
-        raise ConfigError(
-            f"{where}.grad_reduce_bytes: must be 2 (bf16/fp16) or 4 (fp32), "
-            f"got {runtime.grad_reduce_bytes}"
-        )
+    for key in ("grad_reduce_bytes", "loss_bytes"):
+        value = getattr(runtime, key)
+        if value not in (None, *REDUCED_BYTES):
+            raise ConfigError(f"{where}.{key}: must be 2 (bf16/fp16) or 4 (fp32), got {value}")
     if not runtime.host_link_gbps > 0:
         raise ConfigError(f"{where}.host_link_gbps: must be > 0, got {runtime.host_link_gbps}")
     return runtime

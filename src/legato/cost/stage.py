@@ -316,7 +316,7 @@ def stage_memory(ctx: Context, stage: Stage, index: int) -> MemoryBreakdown:
         host, activations = activations - resident, resident
     activations += working
     if stage.last:
-        activations += chunked_logits_bytes(model, s, s.loss_chunk)
+        activations += chunked_logits_bytes(model, s, s.loss_chunk, ctx.runtime.loss_bytes)
     largest = max(ctx.blocks.values(), key=lambda b: b.total)
     buffers = ctx.calibration.framework_gib * GIB + comm_buffer_bytes(largest, model, s)
     return MemoryBreakdown(weights, grads, optimizer, activations, buffers, index, host)

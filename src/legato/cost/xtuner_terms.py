@@ -101,12 +101,14 @@ def fp8_activation_saving(
     return linear_input_elements(model, is_moe, tokens, tp, sp) * (2 - FP8_CACHED_BYTES)
 
 
-def chunked_logits_bytes(model: ModelSpec, strategy: Strategy, chunk: int | None) -> float:
+def chunked_logits_bytes(
+    model: ModelSpec, strategy: Strategy, chunk: int | None, loss_bytes: int = 4
+) -> float:
     """Logits memory of the loss: all tokens (``cost.memory.logits_bytes``) or one chunk
     of fp32 logits reused for their gradient, plus the fp32 head-weight gradient buffer
     (both over the device's vocabulary shard)."""
     if not chunk:
-        return logits_bytes(model, strategy)
+        return logits_bytes(model, strategy, loss_bytes)
     tokens = min(chunk, strategy.mbs * model.seq_len / strategy.cp)
     return 4 * (tokens + model.hidden_size) * model.vocab_size / strategy.tp
 
