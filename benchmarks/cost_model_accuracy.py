@@ -141,7 +141,7 @@ def held_out(evaluations: int, out: Path | None) -> None:
 
 
 def _plot(held: list[Result], out: Path) -> None:
-    """Predicted against measured, one panel per source, both in the row's own metric."""
+    """Predicted over measured (both in the row's own metric), one panel per source."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -149,19 +149,25 @@ def _plot(held: list[Result], out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     families = list(dict.fromkeys(r.case.family for r in held))
-    fig, axes = plt.subplots(1, len(families), figsize=(3.2 * len(families), 3.4))
-    for ax, family in zip(axes, families, strict=True):
-        rows = [r for r in held if r.case.family == family]
-        x = [r.case.published for r in rows]
-        ax.scatter(x, [r.predicted for r in rows], s=5, alpha=0.5)
-        low, high = min(x), max(x)
-        for factor, style in ((1.0, "-"), (1.1, ":"), (1 / 1.1, ":")):
-            ax.plot([low, high], [low * factor, high * factor], style, color="C3", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_title(f"{family} ({len(rows)})", fontsize=9)
-        ax.set_xlabel(f"measured {rows[0].case.row['unit']}", fontsize=8)
-    axes[0].set_ylabel("predicted, held out")
+    columns = 4
+    rows = -(-len(families) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.9 * rows), squeeze=False)
+    for ax, family in zip(axes.flat, families, strict=False):
+        mine = [r for r in held if r.case.family == family]
+        ax.scatter([r.case.published for r in mine], [r.ratio for r in mine], s=6, alpha=0.5)
+        ax.axhline(1.0, color="C3", lw=0.8)
+        for bound in (0.9, 1.1):
+            ax.axhline(bound, color="C3", lw=0.8, ls=":")
+        measured = [r.case.published for r in mine]
+        if max(measured) > 10 * min(measured):  # log only where it spans decades
+            ax.set_xscale("log")
+        ax.set_title(f"{family} ({len(mine)} rows)", fontsize=9)
+        ax.set_xlabel(f"measured {mine[0].case.row['unit']}", fontsize=8)
+        ax.tick_params(labelsize=7)
+    for ax in axes.flat[len(families) :]:
+        ax.axis("off")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("predicted / measured", fontsize=8)
     fig.suptitle("Cost model on sources the fit did not see (dotted: +-10%)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out / "cost_model_held_out.png", dpi=120)
