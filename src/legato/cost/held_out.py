@@ -3,7 +3,7 @@
 The figures that hold on runs nobody has given us are out-of-sample ones, so accuracy is
 reported by leave-one-source-out: for each source, the constants are fitted on all the
 others and the held-out source is predicted with them. The fit minimises the mean over
-source tables of each table's mean relative error (every table weighs alike, so 1,344
+source tables of each table's mean relative error (every table weighs alike, so 1,440
 vTrain rows do not drown 3 Llama 3 rows), by Powell's derivative-free search
 (``scipy.optimize``): the error is piecewise smooth in the constants (maxima of compute
 and memory time), which gradient methods handle badly. A table of more than
@@ -35,10 +35,9 @@ from legato.cost.published import Case, Result, evaluate
 
 H100_CLASS = ("h100", "h200", "h800")
 FIT_ROWS_PER_TABLE = 360
-
-
-# A constant at the far end of its range from the prior costs this much table error
-# (0.02 = 2 points); a tenth of the range costs 0.02 points.
+# Moving one of n free constants across its whole range from the prior costs this / n of
+# table error (a third of a point with six): enough to hold a constant no source sees,
+# too little to hold one that any source pins.
 PRIOR_WEIGHT = 0.02
 
 
@@ -156,11 +155,6 @@ def fit_constants(
     return Fit(best, table_error(evaluate(best, everything)), count)
 
 
-def family_of(case: Case) -> str:
-    """The unit left out: a source (one paper or table set, e.g. Korthikanti's two)."""
-    return case.family
-
-
 @dataclass(frozen=True)
 class HeldOut:
     """One source scored with constants fitted on every other source."""
@@ -177,9 +171,10 @@ def fit_without(
     max_evaluations: int = 400,
     progress: Callable[[int, float], None] | None = None,
 ) -> HeldOut:
-    """One fold: fit on every source but ``family``, predict ``family``'s cases."""
-    train = [c for c in cases if family_of(c) != family]
-    test = [c for c in cases if family_of(c) == family]
+    """One fold: fit on every source but ``family`` (a paper or table set, e.g. both of
+    Korthikanti's tables), predict ``family``'s cases."""
+    train = [c for c in cases if c.family != family]
+    test = [c for c in cases if c.family == family]
     fit = fit_constants(train, base, max_evaluations, progress)
     return HeldOut(family, fit, evaluate(fit.calibration, test))
 
@@ -189,5 +184,5 @@ def leave_one_source_out(
 ) -> list[HeldOut]:
     """Every fold, in the sources' first-seen order (folds are independent: the benchmark
     runs them in parallel through ``fit_without``)."""
-    families = dict.fromkeys(family_of(c) for c in cases)
+    families = dict.fromkeys(c.family for c in cases)
     return [fit_without(cases, f, base, max_evaluations) for f in families]

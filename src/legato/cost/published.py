@@ -1,9 +1,9 @@
 """Published training runs as (model, cluster, strategy) triples, and the cost model's error.
 
 Each row of ``data/published_runs.csv`` and of the MosaicML and vTrain tables (restated
-in its columns by ``legato.cost.calibration_rows``) becomes a ModelSpec (from its shape columns, or
-the preset of its model name when they are empty), a ClusterSpec (the DGX preset of its
-GPU) and a Strategy (its layout columns); gaps are filled the way the source describes
+in its columns by ``legato.cost.calibration_rows``) becomes a ModelSpec (from its shape
+columns, or the preset of its model name when they are empty), a ClusterSpec (the DGX
+preset of its GPU, or the source's RoCE cluster) and a Strategy (its layout columns); gaps are filled the way the source describes
 (each assumption is listed in ``ASSUMPTIONS``). The prediction is converted into the
 row's own metric with the source's own FLOP formula, so predicted and published values
 compare like for like.
@@ -50,9 +50,9 @@ ASSUMPTIONS = {
     "layer'/'selective op' = selective; fused attention; DGX A100 network",
     "MosaicML": "FSDP FULL_SHARD = ZeRO-3 (weights re-gathered every micro-batch); "
     "mixed precision DEFAULT reduces gradients and computes the loss in fp32, PURE in "
-    "bf16; fused (flash) "
-    "attention, no dropout; activation checkpointing = full recompute; MPT as GPT "
-    "(GeLU MLP 4d, LayerNorm, tied embeddings); 8 GPUs per node, RoCE 1600 Gb/s per node",
+    "bf16; fused (flash) attention, no dropout; activation checkpointing = full "
+    "recompute; MPT as GPT (GeLU MLP 4d, LayerNorm, tied embeddings); 8 GPUs per node, "
+    "RoCE 1600 Gb/s per node",
     "vTrain": "Megatron-DeepSpeed: materialised attention with dropout, no SP, plain 1F1B, "
     "gradients all-reduced after the backward; vocabulary 50257 padded to a multiple of "
     "128 x tp; the GPUs used are one DGX A100 node's first 2, 4 or 8",
@@ -263,11 +263,11 @@ class Rejected:
     reason: str
 
 
-def load_cases(rows: list[dict[str, str]] | None = None) -> tuple[list[Case], list[Rejected]]:
-    """Every row (default: ``read_rows()``) as a Case that ``predict`` accepts; the rows it
-    refuses are returned with the reason instead of stopping the others."""
+def load_cases() -> tuple[list[Case], list[Rejected]]:
+    """Every row of ``read_rows()`` as a Case that ``predict`` accepts; the rows it refuses
+    are returned with the reason instead of stopping the others."""
     cases, rejected = [], []
-    for row in read_rows() if rows is None else rows:
+    for row in read_rows():
         try:
             case = build_case(row)
             case.strategy.check(case.model, case.cluster.world_size)
