@@ -205,3 +205,29 @@ def test_a_pass_is_never_shorter_than_the_host_takes_to_issue_its_kernels():
     assert predict(big, cluster, s, calibration=host).step_time_s == pytest.approx(
         predict(big, cluster, s).step_time_s, rel=1e-3
     )
+
+
+def test_runtime_tp_comm_overlap_hides_tensor_parallel_traffic_behind_the_gemms():
+    """Megatron/TE comm-GEMM overlap: the same tp traffic, none of it on the critical path
+    while the blocks' GEMMs are longer; the step is shorter by exactly what was exposed."""
+    from legato.cost.runtime import Runtime
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100", nodes=8)
+    s = Strategy(dp=8, tp=8, sp=True, zero=1, gbs=64)
+    plain, hidden = (predict(model, cluster, s, runtime=Runtime(tp_comm_overlap=o)) for o in (0, 1))
+    assert hidden.breakdown["comm_s"]["tp"] == plain.breakdown["comm_s"]["tp"] > 1.0
+    assert "tp" not in hidden.breakdown["exposed_comm_s"]
+    exposed = plain.breakdown["exposed_comm_s"]["tp"]
+    assert hidden.step_time_s == pytest.approx(plain.step_time_s - exposed, rel=1e-9)
+
+
+def test_runtime_per_microbatch_sync_moves_zero2_traffic_every_micro_batch():
+    """FSDP1's SHARD_GRAD_OP gathers the weights and reduce-scatters the gradients once per
+    micro-batch: m times the once-per-step ZeRO-2 traffic."""
+    from legato.cost.runtime import Runtime
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-a100", nodes=2)
+    s = Strategy(dp=16, zero=2, mbs=1, gbs=64)
+    once = predict(model, cluster, s).breakdown["comm_s"]["dp"]
+    every = predict(model, cluster, s, runtime=Runtime(per_microbatch_sync=True))
+    assert every.breakdown["comm_s"]["dp"] == pytest.approx(s.num_microbatches * once)

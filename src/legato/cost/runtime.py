@@ -33,7 +33,11 @@ class Runtime:
     activation swap uses (not in ``DeviceSpec``; the default is PCIe 5.0 x16).
     ``loss_bytes``: bytes per logit element of the loss's working copy: 4 when it upcasts
     the logits to fp32 (Megatron, legato, autocast), 2 when it stays in the training dtype
-    (FSDP's PURE bf16 mixed precision)."""
+    (FSDP's PURE bf16 mixed precision). ``tp_comm_overlap``: tensor-parallel collectives
+    run chunked under the GEMMs next to them (Megatron/Transformer Engine comm-GEMM
+    overlap), so they hide behind the blocks' non-attention compute instead of stalling
+    it. ``per_microbatch_sync``: ZeRO-1/2 gather the weights and reduce-scatter the
+    gradients every micro-batch (FSDP1's SHARD_GRAD_OP) instead of once per step."""
 
     flash_attention: bool = True
     dropout: bool = False
@@ -41,6 +45,8 @@ class Runtime:
     grad_reduce_bytes: int | None = None
     host_link_gbps: float = HOST_LINK_GBPS
     loss_bytes: int = 4
+    tp_comm_overlap: bool = False
+    per_microbatch_sync: bool = False
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,9 @@ from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, layer_ranges
 
-CRITICAL = ("tp", "tp_x", "tp_y", "pp", "ep")  # ep: what its schedule leaves exposed
+TP_AXES = ("tp", "tp_x", "tp_y")
+CRITICAL = (*TP_AXES, "pp", "ep")  # ep: what its schedule leaves exposed
+CRITICAL_WITH_TP_OVERLAP = ("pp", "ep")
 
 
 @dataclass(frozen=True)
@@ -186,11 +188,15 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     comm: dict[str, float] = {}
     _add(comm, ctx.comm_seconds(edge.comms), 1)
     _add(comm, ctx.comm_seconds(edge.bwd_comms), 1)
-    window = {"cp": 0.0}
+    window = dict.fromkeys(("cp", *TP_AXES), 0.0)
     for w, n in counts:
         _add(comm, ctx.comm_seconds(w.comms), n * (1 + full))  # forward, recomputed forward
         _add(comm, ctx.comm_seconds(w.bwd_comms), n)
         window["cp"] += n * ((1 + full) * w.attn_fwd_s + w.attn_bwd_s)
+        linears = (1 + full) * (w.fwd_s - w.attn_fwd_s) + w.bwd_input_s + w.bwd_weight_s
+        for axis in TP_AXES:  # with comm-GEMM overlap: behind all but the attention core
+            window[axis] += n * (linears - w.attn_bwd_s)
+    on_path = CRITICAL_WITH_TP_OVERLAP if ctx.runtime.tp_comm_overlap else CRITICAL
     ep_total = 0.0
     if ctx.ep is not None and stage.moe:
         e, n = ctx.ep, stage.moe
@@ -211,7 +217,7 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
             axis,
             ctx.axes[axis].level.name,
             m * t,
-            0.0 if axis in CRITICAL or not ctx.overlap else m * window[axis],
+            0.0 if axis in on_path or not ctx.overlap else m * window[axis],
         )
         for axis, t in comm.items()
     ]
@@ -263,9 +269,10 @@ def _dp_traffic(
 
     ZeRO-0 all-reduces gradients behind one micro-batch's backward (the last bucket
     cannot hide); ZeRO-1/2 reduce-scatter them there and all-gather the updated weights
-    behind the next step's first forward; ZeRO-3 gathers weights before every forward
-    and backward and reduce-scatters gradients after every backward, hiding behind all of
-    them except the first gather and the last reduction.
+    behind the next step's first forward (every micro-batch's forward and backward with
+    ``Runtime.per_microbatch_sync``, FSDP1's SHARD_GRAD_OP); ZeRO-3 gathers weights
+    before every forward and backward and reduce-scatters gradients after every backward,
+    hiding behind all of them except the first gather and the last reduction.
     """
     s, m = ctx.strategy, ctx.strategy.num_microbatches
     w_bytes = state_bytes(s.dtype).weights
@@ -281,6 +288,8 @@ def _dp_traffic(
         if s.zero == 0:
             seconds = ctx.collective("all_reduce", n * g_bytes, axis)
             window, tail = bwd, seconds / layers
+        elif s.zero in (1, 2) and ctx.runtime.per_microbatch_sync:  # FSDP1 SHARD_GRAD_OP
+            seconds, window, tail = m * (reduce + gather), m * (fwd + bwd), reduce / layers
         elif s.zero in (1, 2):
             seconds, window, tail = reduce + gather, bwd + fwd, reduce / layers
         else:
