@@ -52,3 +52,17 @@ def test_ring_collectives_use_every_nic_of_a_node(dgx4):
     assert wide.link("all_to_all").bandwidth_gbps == 25  # point-to-point traffic does not
     strided = mesh_axes(Strategy(tp=8, dp=4, gbs=4), dgx4)["dp"]  # one GPU per node
     assert strided.link("all_reduce").bandwidth_gbps == 25
+
+
+def test_folded_expert_parallelism_stays_inside_the_node():
+    """ep=8 over tp=4 x dp=4 does not divide dp: it folds over the tp ranks first (stride
+    1), so the all-to-all runs on NVLink, and the experts' gradient group is the other
+    node's copy (edp = 16 / 8 = 2, stride 8, across nodes)."""
+    cluster = load_cluster("dgx-h100", nodes=2)
+    axes = mesh_axes(Strategy(dp=4, tp=4, sp=True, ep=8, gbs=4), cluster)
+    assert (axes["ep"].size, axes["ep"].stride) == (8, 1)
+    assert axes["ep"].level == cluster.levels[0]
+    assert (axes["edp"].size, axes["edp"].stride) == (2, 8)
+    assert axes["edp"].level == cluster.levels[1]
+    unfolded = mesh_axes(Strategy(dp=8, tp=2, sp=True, ep=8, gbs=8), cluster)
+    assert (unfolded["ep"].stride, unfolded["ep"].level) == (2, cluster.levels[1])

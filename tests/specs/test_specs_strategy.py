@@ -90,3 +90,21 @@ def test_moe_overlap_needs_expert_parallelism_without_expert_tp():
     assert "\n" not in str(err.value)
     with pytest.raises(StrategyError, match=r"moe_overlap=comet needs etp=1"):
         Strategy.parse("dp=4,tp=2,ep=4,etp=2,sp=1,gbs=4,moe_overlap=comet").check(mixtral, 8)
+
+
+def test_expert_parallelism_folds_over_tensor_parallel_ranks_when_dp_cp_is_too_small():
+    """Megatron-Core's MoE parallel folding: ep=16 with tp=4 x dp=8 (Qwen3-235B's layout)
+    is accepted; it needs etp=1, 1-D tp with sp, and ep dividing tp*dp*cp."""
+    qwen = load_model("qwen3-235b-a22b")
+    folded = Strategy.parse("dp=8,tp=4,sp=1,pp=8,ep=16,gbs=64")
+    folded.check(qwen, 256)
+    assert folded.folded_ep and folded.expert_dp == 2
+    plain = Strategy.parse("dp=8,tp=4,sp=1,ep=8,gbs=8")
+    assert not plain.folded_ep and plain.expert_dp == 1
+    for text, fragment in [
+        ("dp=8,tp=4,pp=8,ep=16,gbs=64", r"folds over tensor-parallel ranks: that needs etp=1"),
+        ("dp=8,tp=4,sp=1,pp=8,ep=16,etp=2,gbs=64", r"got etp=2, tp=4x1, sp=1"),
+        ("dp=8,tp=4,sp=1,pp=8,ep=64,gbs=64", r"ep \(64\) must divide tp\*dp\*cp \(32\)"),
+    ]:
+        with pytest.raises(StrategyError, match=fragment):
+            Strategy.parse(text).check(qwen, 256)

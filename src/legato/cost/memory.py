@@ -62,7 +62,7 @@ def state_bytes(dtype: str) -> StateBytes:
 @dataclass(frozen=True)
 class DeviceParams:
     """Parameters one device holds (after TP/PP/EP, before ZeRO): ``dense`` are reduced
-    over dp x cp, ``experts`` over dp x cp / ep."""
+    over dp x cp, ``experts`` over ``strategy.expert_dp`` ranks (dp x cp / ep)."""
 
     dense: float
     experts: float
@@ -73,8 +73,7 @@ class DeviceParams:
 
     def sharded(self, strategy: Strategy) -> float:
         """This device's share when sharded over the ranks holding the same weights."""
-        replicas = strategy.dp * strategy.cp
-        return self.dense / replicas + self.experts / (replicas // strategy.ep)
+        return self.dense / (strategy.dp * strategy.cp) + self.experts / strategy.expert_dp
 
 
 def block_params(model: ModelSpec, layer: int, strategy: Strategy) -> DeviceParams:

@@ -7,7 +7,10 @@ groups cross. 2-D tensor parallelism splits ``tp`` into ``tp_x`` (inner, stride 
 ``tp_y`` (stride ``tp_x``). Gradients are reduced over the ``dp x cp`` ranks that hold
 the same weights (stride ``tp``); expert parallelism folds over those same ranks,
 innermost first (stride ``tp``), and expert weights are reduced over the remaining
-``dp cp / ep`` ranks (stride ``tp ep``).
+``dp cp / ep`` ranks (stride ``tp ep``). When ``ep`` does not divide ``dp cp`` it folds
+over the ``tp dp cp`` ranks instead (Megatron-Core's parallel folding: stride 1, so a
+group of up to a node's GPUs stays on its fastest link) and the experts are reduced over
+``tp dp cp / ep`` ranks (stride ``ep``).
 
 Hierarchical collectives: when ``g`` members of a group sit in each domain of the level
 below its slowest one (e.g. all 8 GPUs of a node in one data-parallel group), NCCL runs one
@@ -71,7 +74,8 @@ def mesh_axes(strategy: Strategy, cluster: ClusterSpec) -> dict[str, Axis]:
     else:
         groups.append(("tp", s.tp, 1))
     if s.ep > 1:
-        groups += [("ep", s.ep, s.tp), ("edp", s.dp * s.cp // s.ep, s.tp * s.ep)]
+        inner = 1 if s.folded_ep else s.tp  # the stride of the ranks EP folds over
+        groups += [("ep", s.ep, inner), ("edp", s.expert_dp, inner * s.ep)]
     axes = {}
     for name, size, stride in groups:
         level = cluster.level_for_group(size, stride)

@@ -104,7 +104,12 @@ def expert_axes(strategy: Strategy) -> tuple[Axis, ...]:
         raise PlanError("2-D tensor parallelism (tp=AxB) has layouts for dense layers only")
     if strategy.etp not in (1, strategy.tp):
         raise PlanError(f"layouts cover etp = 1 or etp = tp ({strategy.tp}), got {strategy.etp}")
-    edp = strategy.dp * strategy.cp // strategy.ep
+    if strategy.folded_ep:
+        raise PlanError(
+            f"layouts cover ep dividing dp*cp ({strategy.dp * strategy.cp}); ep={strategy.ep} "
+            f"folded over tensor-parallel ranks is priced by the cost model only"
+        )
+    edp = strategy.expert_dp
     axes = [Axis("edp", edp, "edp"), Axis("ep", strategy.ep, "ep")]
     return tuple(a for a in axes + _tp_axes(strategy, True) if a.size > 1)
 

@@ -5,9 +5,12 @@ planner and the runtime all read it, and ``cost`` sits below ``plan`` in the lay
 
 Mesh convention (outer to inner, the order ranks are laid out): ``pp, dp, cp, tp``. Tensor
 parallelism is innermost so its groups stay inside the fastest link level. Expert
-parallelism folds over the ``dp x cp`` ranks of one pipeline stage (as in Megatron-Core:
-``ep`` must divide ``dp * cp``); expert tensor parallelism ``etp`` reuses tensor-parallel
-ranks and must divide ``tp``.
+parallelism folds over the ``dp x cp`` ranks of one pipeline stage when ``ep`` divides
+``dp * cp``; otherwise (Megatron-Core's MoE parallel folding) it folds over the stage's
+``tp x dp x cp`` ranks, tensor-parallel ranks first, and ``ep`` must divide
+``tp * dp * cp`` (``etp = 1``: each rank dispatches its sequence-parallel token shard).
+Expert tensor parallelism ``etp`` reuses tensor-parallel ranks and must divide ``tp``.
+``expert_dp`` is the number of ranks holding the same experts (their gradient group).
 
 Device-level techniques ride along because the cost model prices them and the planner
 chooses them: ``moe_overlap`` (how an MoE layer hides its expert-parallel all-to-alls
@@ -127,6 +130,17 @@ class Strategy:
         return self.tp // self.tp_y
 
     @property
+    def folded_ep(self) -> bool:
+        """Expert parallelism spans tensor-parallel ranks (``ep`` does not divide dp*cp)."""
+        return self.ep > 1 and (self.dp * self.cp) % self.ep != 0
+
+    @property
+    def expert_dp(self) -> int:
+        """Ranks of a stage that hold the same expert weights (their gradient group)."""
+        ranks = self.tp * self.dp * self.cp if self.folded_ep else self.dp * self.cp
+        return max(1, ranks // self.ep)
+
+    @property
     def world_size(self) -> int:
         return self.pp * self.dp * self.cp * self.tp
 
@@ -179,8 +193,15 @@ class Strategy:
             if model.moe is None:
                 raise StrategyError(f"strategy: ep/etp need an MoE model; {model.name} is dense")
             _divides(self.ep, model.moe.num_experts, "ep", "moe.num_experts")
-            _divides(self.ep, self.dp * self.cp, "ep", "dp*cp")
+            _divides(self.ep, self.tp * self.dp * self.cp, "ep", "tp*dp*cp")
             _divides(self.etp, self.tp, "etp", "tp")
+            if self.folded_ep and (self.etp > 1 or self.tp_y > 1 or (self.tp > 1 and not self.sp)):
+                raise StrategyError(
+                    f"strategy: ep={self.ep} does not divide dp*cp ({self.dp * self.cp}), so it "
+                    f"folds over tensor-parallel ranks: that needs etp=1, 1-D tp and sp=1 (each "
+                    f"rank dispatches its own token shard), got etp={self.etp}, "
+                    f"tp={self.tp_x}x{self.tp_y}, sp={int(self.sp)}"
+                )
         if self.moe_overlap != "none":
             name = f"moe_overlap={self.moe_overlap}"
             if model.moe is None:
