@@ -45,11 +45,14 @@ def test_expert_axes_fold_over_data_parallel_ranks(dgx4):
 
 def test_ring_collectives_use_every_nic_of_a_node(dgx4):
     """A 32-rank data-parallel group holds all 8 GPUs of each node: its rings cross the
-    node boundary through 8 NICs at once (8 x 25 GB/s, below NVLink's 300)."""
+    node boundary through 8 NICs at once (8 x 25 GB/s, below NVLink's 300); point-to-point
+    traffic goes to one peer over one NIC."""
     wide = mesh_axes(Strategy(dp=32, gbs=32), dgx4)["dp"]
     assert wide.level.name == IB
     assert wide.link("all_reduce").bandwidth_gbps == 8 * 25
-    assert wide.link("all_to_all").bandwidth_gbps == 25  # point-to-point traffic does not
+    # an all-to-all gains only its in-node share (7 of 31 peers on NVLink)
+    assert wide.link("all_to_all").bandwidth_gbps == pytest.approx(31 / (24 / 25))
+    assert wide.link("p2p").bandwidth_gbps == 25
     strided = mesh_axes(Strategy(tp=8, dp=4, gbs=4), dgx4)["dp"]  # one GPU per node
     assert strided.link("all_reduce").bandwidth_gbps == 25
 
@@ -66,3 +69,19 @@ def test_folded_expert_parallelism_stays_inside_the_node():
     assert axes["edp"].level == cluster.levels[1]
     unfolded = mesh_axes(Strategy(dp=8, tp=2, sp=True, ep=8, gbs=8), cluster)
     assert (unfolded["ep"].stride, unfolded["ep"].level) == (2, cluster.levels[1])
+
+
+def test_an_all_to_all_half_inside_a_node_moves_that_half_on_nvlink():
+    """ep=16 over two DGX H100 nodes (8 members per node): 8/16 of each buffer leaves the
+    node on its 50 GB/s link while 7/16 goes over NVLink at once, so the 15/16 the
+    all-to-all sends take as long as 8/16 on the outer link; a group with one member per
+    node gets nothing from NVLink."""
+    cluster = load_cluster("dgx-h100", nodes=2)
+    outer, inner = cluster.levels[1], cluster.levels[0]
+    folded = mesh_axes(Strategy(dp=4, tp=4, sp=True, ep=16, gbs=4), cluster)["ep"]
+    assert folded.link("all_to_all").bandwidth_gbps == pytest.approx(
+        15 / max(8 / outer.bandwidth_gbps, 7 / inner.bandwidth_gbps)
+    )
+    assert folded.link("p2p") == outer
+    spread = mesh_axes(Strategy(dp=2, tp=8, ep=2, etp=8, gbs=2), cluster)["ep"]
+    assert spread.stride == 8 and spread.link("all_to_all") == outer

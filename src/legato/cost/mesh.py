@@ -16,8 +16,12 @@ Hierarchical collectives: when ``g`` members of a group sit in each domain of th
 below its slowest one (e.g. all 8 GPUs of a node in one data-parallel group), NCCL runs one
 ring per device link and each domain receives the data once, so ring collectives use the
 ``g`` devices' outer links together: ``g`` times the level's per-device bandwidth, capped
-by the inner level's. All-to-all and point-to-point traffic does not gain (each device's
-data goes to specific peers); ``Axis.link(kind)`` gives the link a collective sees.
+by the inner level's. Point-to-point traffic does not gain (each device's data goes to
+one peer). An all-to-all sends ``(g - 1)/p`` of each buffer to the ``g - 1`` members of
+its own domain over the inner link and ``(p - g)/p`` out over its own outer link, both at
+once; it is priced as the whole ``(p - 1)/p`` at the bandwidth that takes as long
+(``(p - 1) / max((p - g)/outer, (g - 1)/inner)``), so an EP group half inside a node
+moves half its bytes at NVLink speed. ``Axis.link(kind)`` gives the link a collective sees.
 """
 
 from __future__ import annotations
@@ -37,21 +41,39 @@ class Axis:
     stride: int
     level: LinkLevel
     ring: LinkLevel  # the level with the bandwidth ring collectives reach (see above)
+    a2a: LinkLevel  # the level with the bandwidth an all-to-all reaches (see above)
 
     def link(self, kind: str) -> LinkLevel:
-        return self.level if kind in ("all_to_all", "p2p") else self.ring
+        if kind == "p2p":
+            return self.level
+        return self.a2a if kind == "all_to_all" else self.ring
+
+
+def _per_domain(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> int:
+    """Members of one group inside one domain of the level below ``level`` (1: none)."""
+    index = cluster.levels.index(level)
+    if index == 0 or size == 1:
+        return 1
+    inner = cluster.levels[index - 1]
+    return min(size, inner.span // stride) if stride < inner.span else 1
 
 
 def _ring_level(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> LinkLevel:
-    index = cluster.levels.index(level)
-    if index == 0 or size == 1:
-        return level
-    inner = cluster.levels[index - 1]
-    per_domain = min(size, inner.span // stride) if stride < inner.span else 1
+    per_domain = _per_domain(cluster, size, stride, level)
     if per_domain <= 1:
         return level
+    inner = cluster.levels[cluster.levels.index(level) - 1]
     bandwidth = min(level.bandwidth_gbps * per_domain, inner.bandwidth_gbps)
     return replace(level, bandwidth_gbps=bandwidth)
+
+
+def _a2a_level(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> LinkLevel:
+    g = _per_domain(cluster, size, stride, level)
+    if g <= 1:
+        return level
+    inner = cluster.levels[cluster.levels.index(level) - 1]
+    slowest = max((size - g) / level.bandwidth_gbps, (g - 1) / inner.bandwidth_gbps)
+    return replace(level, bandwidth_gbps=(size - 1) / slowest)
 
 
 def _pp_level(cluster: ClusterSpec, pp: int, stride: int) -> LinkLevel:
@@ -79,8 +101,9 @@ def mesh_axes(strategy: Strategy, cluster: ClusterSpec) -> dict[str, Axis]:
     axes = {}
     for name, size, stride in groups:
         level = cluster.level_for_group(size, stride)
-        axes[name] = Axis(name, size, stride, level, _ring_level(cluster, size, stride, level))
+        ring = _ring_level(cluster, size, stride, level)
+        axes[name] = Axis(name, size, stride, level, ring, _a2a_level(cluster, size, stride, level))
     pp_stride = s.dp * s.cp * s.tp
     level = _pp_level(cluster, s.pp, pp_stride)
-    axes["pp"] = Axis("pp", s.pp, pp_stride, level, level)
+    axes["pp"] = Axis("pp", s.pp, pp_stride, level, level, level)
     return axes
