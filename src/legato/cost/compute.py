@@ -117,7 +117,7 @@ class DeviceModel:
         return kernels * self.kernel_overhead_s
 
     def launch_floor(self, kernels: float) -> float:
-        """The least time a pass of ``kernels`` kernels takes: the device runs ahead of
-        nothing, so once each kernel is shorter than the host's time to issue it (small
-        GEMMs, many ranks), the host's issue rate sets the pace, whatever the work."""
+        """The least time a pass of ``kernels`` kernels takes: the host issues them one by
+        one, so once kernels run shorter than their issue time (small GEMMs, high tp), the
+        issue rate sets the pace, whatever the work."""
         return kernels * self.launch_s

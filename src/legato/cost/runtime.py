@@ -64,9 +64,9 @@ REDUCED_BYTES = (2, 4)  # bf16/fp16 or fp32 gradient reduction and loss
 
 
 def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -> Runtime:
-    """A Runtime from ``flash_attention=0,dropout=1,fused_elementwise=0,grad_reduce_bytes=4,
-    host_link_gbps=64,loss_bytes=2`` (the command line) or a table of those keys (a ``--batch`` line);
-    None or empty: the defaults. ConfigError (one line, naming the key) otherwise."""
+    """A Runtime from ``flash_attention=0,dropout=1,grad_reduce_bytes=4,loss_bytes=2,...``
+    (the command line) or a table of those keys (a ``--batch`` line); None or empty: the
+    defaults. ConfigError (one line, naming the key) otherwise."""
     if source is None or source == "":
         return Runtime()
     if isinstance(source, str):

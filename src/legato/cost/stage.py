@@ -192,10 +192,11 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     for w, n in counts:
         _add(comm, ctx.comm_seconds(w.comms), n * (1 + full))  # forward, recomputed forward
         _add(comm, ctx.comm_seconds(w.bwd_comms), n)
-        window["cp"] += n * ((1 + full) * w.attn_fwd_s + w.attn_bwd_s)
-        linears = (1 + full) * (w.fwd_s - w.attn_fwd_s) + w.bwd_input_s + w.bwd_weight_s
+        attention = (1 + full) * w.attn_fwd_s + w.attn_bwd_s
+        passes = (1 + full) * w.fwd_s + w.bwd_input_s + w.bwd_weight_s
+        window["cp"] += n * attention
         for axis in TP_AXES:  # with comm-GEMM overlap: behind all but the attention core
-            window[axis] += n * (linears - w.attn_bwd_s)
+            window[axis] += n * (passes - attention)
     on_path = CRITICAL_WITH_TP_OVERLAP if ctx.runtime.tp_comm_overlap else CRITICAL
     ep_total = 0.0
     if ctx.ep is not None and stage.moe:
