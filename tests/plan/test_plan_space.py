@@ -45,8 +45,10 @@ def test_moe_shapes_add_expert_parallel_degrees_and_no_2d():
     moe = SPEC.with_(moe=MoESpec(num_experts=8, top_k=2, expert_ffn_hidden_size=32))
     found = list(shapes(moe, 16, SearchSpace(), max_tp=4))
     assert {s.tp_y for s in found} == {1}
-    assert all(8 % s.ep == 0 and (s.dp * s.cp) % s.ep == 0 for s in found)
+    assert all(8 % s.ep == 0 and (s.tp * s.dp * s.cp) % s.ep == 0 for s in found)
     assert {s.ep for s in found if s.dp * s.cp == 16} == {1, 2, 4, 8}
+    # tp=4 leaves dp*cp=4: ep=8 folds over the tensor-parallel ranks (Megatron-Core)
+    assert {s.ep for s in found if (s.tp, s.dp, s.cp, s.pp) == (4, 4, 1, 1)} == {1, 2, 4, 8}
     # any common divisor of the experts and dp * cp, not only powers of two
     six = moe.with_(moe=MoESpec(num_experts=6, top_k=2, expert_ffn_hidden_size=32))
     assert {s.ep for s in shapes(six, 12, SearchSpace(), max_tp=1) if s.dp * s.cp == 12} == {

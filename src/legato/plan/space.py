@@ -11,7 +11,9 @@ The space is kept finite and sensible by rules a practitioner would apply anyway
 * pipeline degrees are the divisors of the layer count that divide the devices left;
   virtual stages are the two smallest divisors ``>= 2`` of the layers per stage;
 * context parallelism is a power of two keeping >= ``min_cp_tokens`` tokens per rank;
-  expert parallelism any divisor of the expert count that divides ``dp * cp``, and with
+  expert parallelism any divisor of the expert count that divides ``dp * cp`` or, with
+  ``tp > 1``, ``tp * dp * cp`` (Megatron-Core's folding over the tensor-parallel ranks;
+  ``Strategy`` says how each is laid out), and with
   ``ep > 1`` each MoE overlap variant of ``moe_overlaps`` (plain, Domino-EP, Comet with a
   few chunk and column-group counts) is tried (``plan.search`` keeps the fastest);
 * micro-batch sizes are powers of two that divide the per-replica batch;
@@ -66,7 +68,7 @@ class SearchSpace:
     dtype: str = "bf16"
     prune_slow: bool = True  # skip memory settings that cannot make the top-k
     max_pp: int | None = None  # None: any divisor of the layers
-    max_ep: int | None = None  # None: any divisor of the experts and dp * cp
+    max_ep: int | None = None  # None: any divisor of the experts and dp * cp (tp * dp * cp)
     min_ep: int = 1  # > 1: MoE plans with expert parallelism only
     moe_overlaps: tuple[tuple[str, int, int], ...] = MOE_OVERLAPS
     loss_chunk: int = 4096  # tokens per loss chunk tried when memory is tight; 0: never
@@ -128,7 +130,10 @@ def shapes(model: ModelSpec, devices: int, space: SearchSpace, max_tp: int) -> I
                 dp = rest // cp
                 eps = [1]
                 if model.moe is not None:
-                    common = _divisors(gcd(model.moe.num_experts, dp * cp))
+                    experts = model.moe.num_experts
+                    # dividing dp*cp, then (folded over the tp ranks) tp*dp*cp only
+                    common = _divisors(gcd(experts, dp * cp))
+                    common += [e for e in _divisors(gcd(experts, tp * dp * cp)) if (dp * cp) % e]
                     eps = [e for e in common if space.min_ep <= e <= (space.max_ep or e)]
                 for tp_y in splits:
                     for ep in eps:
