@@ -165,8 +165,14 @@ def test_side_file_loads_back_as_the_measured_calibration(tmp_path: Path):
     loaded = calibration_beside(path)
     assert loaded == measured_calibration(m)
     assert loaded.gemm_peak_fraction(DEVICE_NAME) == 1.0 and loaded.base_latency_us == 0.0
-    assert loaded.kernel_overhead_s == 0.0
+    assert loaded.kernel_overhead_s == 0.0 and loaded.launch_s == 0.0  # a CPU: no floor
     assert read_measurement(path).parallel_overhead_s == pytest.approx(3e-5)
+    # a side file written before launch_s existed still means no launch floor
+    side = side_path(path)
+    data = json.loads(side.read_text())
+    del data["calibration"]["launch_s"]
+    side.write_text(json.dumps(data))
+    assert calibration_beside(path).launch_s == 0.0
 
 
 def test_one_process_file_has_the_nominal_link(tmp_path: Path):

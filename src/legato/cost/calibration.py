@@ -116,8 +116,10 @@ def load_calibration(path: str | Path) -> Calibration:
     """The constants in JSON file ``path`` over ``CALIBRATION``'s (lists become tuples);
     ConfigError (one line, naming the key) for an unknown field or a bad value."""
     data = read_table_file(path, ConfigError)
-    if "calibration" in data:  # a ``legato calibrate`` side file
+    if "calibration" in data:  # a ``legato calibrate`` side file: a CPU host's measurements
         data = data["calibration"]
+        if isinstance(data, dict):  # files written before launch_s existed meant none
+            data = {"launch_s": 0.0, **data}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: calibration must be a JSON object of Calibration fields")
     where = f"{path}: calibration"

@@ -39,7 +39,9 @@ from legato.specs.model import ModelSpec
 
 CACHE_ENV = "LEGATO_CACHE_DIR"
 NO_CLUSTER = "none"  # parallel.cluster: do not predict
-FORMAT = 2  # of the cached calibration: a new one is measured when what it holds changes
+# of the cached calibration, part of its key: a new one is measured when what it holds
+# changes (3: it says launch_s = 0, which older files leave to the GPU default)
+FORMAT = 3
 # a substring of torch.cuda.get_device_name -> the node preset of that GPU
 GPU_NODES = {"H200": "hgx-h200", "H100": "dgx-h100", "H800": "h800", "A100": "dgx-a100",
              "4090": "rtx4090-pcie"}  # fmt: skip
@@ -62,10 +64,12 @@ def cache_root() -> Path:
 
 def host_cluster_file(nproc: int) -> Path:
     """Where this host's calibration for ``nproc`` processes is cached: keyed by host
-    name, CPU, core count and torch version, since any of them changes the rates."""
+    name, CPU, core count and torch version, since any of them changes the rates, and by
+    the cache's ``FORMAT``."""
     import torch
 
-    key = "|".join([platform.node(), platform.processor(), str(os.cpu_count()), torch.__version__])
+    key = "|".join([platform.node(), platform.processor(), str(os.cpu_count()), torch.__version__,
+                    str(FORMAT)])  # fmt: skip
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     return cache_root() / "calibration" / f"host-{digest}-n{nproc}.toml"
 
