@@ -79,7 +79,9 @@ def test_calibration_beside_a_cluster_file(tmp_path: Path):
     assert side_path(cluster) == tmp_path / "local.calibration.json"
     assert calibration_beside(cluster) is None  # no side file
     _write(side_path(cluster), {"calibration": {"kernel_overhead_s": OVERHEAD}})
-    assert calibration_beside(cluster) == replace(CALIBRATION, kernel_overhead_s=OVERHEAD)
+    # a side file is a CPU host's: no GPU launch floor unless it says so
+    want = replace(CALIBRATION, kernel_overhead_s=OVERHEAD, launch_s=0.0)
+    assert calibration_beside(cluster) == want
     assert calibration_beside("local-cpu") is None  # a preset name
 
 
