@@ -137,12 +137,13 @@ def held_out(evaluations: int, out: Path | None) -> None:
                  goal=GOAL_PCT, meets_goal=100 * mean <= GOAL_PCT)  # fmt: skip
     rankings = rank_groups(held)
     for g in rankings:
-        emit(BENCHMARK, case={"source": g.key[0], "devices": g.key[4], "gbs": g.key[5],
-                              "model_shape": list(g.key[1]), "plans": g.plans},
+        emit(BENCHMARK, case={"source": g.key.source, "devices": g.key.devices,
+                              "gbs": g.key.gbs, "model_shape": list(g.key.shape),
+                              "plans": g.plans},
              metric="spearman", value=None if g.spearman is None else round(g.spearman, 4),
              pick_regret=round(g.regret, 4), predicted_best=g.predicted_best,
              measured_best=g.measured_best)  # fmt: skip
-    by_family = {f: [g for g in rankings if g.key[0] == f] for f in families}
+    by_family = {f: [g for g in rankings if g.key.source == f] for f in families}
     for name, groups in [*by_family.items(), ("all", rankings)]:
         if not groups:
             continue

@@ -49,29 +49,30 @@ class Axis:
         return self.a2a if kind == "all_to_all" else self.ring
 
 
-def _per_domain(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> int:
-    """Members of one group inside one domain of the level below ``level`` (1: none)."""
+def _inner_domain(
+    cluster: ClusterSpec, size: int, stride: int, level: LinkLevel
+) -> tuple[int, LinkLevel]:
+    """Members of one group inside one domain of the level below ``level`` (1: none, or
+    no level below), and that inner level."""
     index = cluster.levels.index(level)
     if index == 0 or size == 1:
-        return 1
+        return 1, level
     inner = cluster.levels[index - 1]
-    return min(size, inner.span // stride) if stride < inner.span else 1
+    return (min(size, inner.span // stride) if stride < inner.span else 1), inner
 
 
 def _ring_level(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> LinkLevel:
-    per_domain = _per_domain(cluster, size, stride, level)
+    per_domain, inner = _inner_domain(cluster, size, stride, level)
     if per_domain <= 1:
         return level
-    inner = cluster.levels[cluster.levels.index(level) - 1]
     bandwidth = min(level.bandwidth_gbps * per_domain, inner.bandwidth_gbps)
     return replace(level, bandwidth_gbps=bandwidth)
 
 
 def _a2a_level(cluster: ClusterSpec, size: int, stride: int, level: LinkLevel) -> LinkLevel:
-    g = _per_domain(cluster, size, stride, level)
+    g, inner = _inner_domain(cluster, size, stride, level)
     if g <= 1:
         return level
-    inner = cluster.levels[cluster.levels.index(level) - 1]
     slowest = max((size - g) / level.bandwidth_gbps, (g - 1) / inner.bandwidth_gbps)
     return replace(level, bandwidth_gbps=(size - 1) / slowest)
 

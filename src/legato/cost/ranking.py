@@ -14,24 +14,35 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import median
+from typing import NamedTuple
 
 from scipy.stats import spearmanr
 
 from legato.cost.published import Result
 
 
-def job_key(result: Result) -> tuple:
+class JobKey(NamedTuple):
     """What a group shares: the job, not how it was split."""
+
+    source: str  # the family (paper or table set)
+    shape: tuple[int, ...]  # layers, hidden, heads, FFN, vocabulary
+    seq_len: int
+    device: str
+    devices: int
+    gbs: int
+
+
+def job_key(result: Result) -> JobKey:
     case = result.case
     m = case.counted
     shape = (m.num_layers, m.hidden_size, m.num_heads, m.ffn_hidden_size, m.vocab_size)
-    return (case.family, shape, m.seq_len, case.cluster.device.name,
-            case.cluster.world_size, case.strategy.gbs)  # fmt: skip
+    return JobKey(case.family, shape, m.seq_len, case.cluster.device.name,
+                  case.cluster.world_size, case.strategy.gbs)  # fmt: skip
 
 
 @dataclass(frozen=True)
 class GroupRanking:
-    key: tuple
+    key: JobKey
     plans: int
     spearman: float | None  # None below three plans (two plans give only +-1)
     regret: float  # 1 - measured(predicted best) / measured best
@@ -41,7 +52,7 @@ class GroupRanking:
 
 def rank_groups(results: Sequence[Result], min_plans: int = 2) -> list[GroupRanking]:
     """Every group of at least ``min_plans`` alternative plans, in first-seen order."""
-    groups: dict[tuple, list[Result]] = {}
+    groups: dict[JobKey, list[Result]] = {}
     for r in results:
         groups.setdefault(job_key(r), []).append(r)
     rankings = []

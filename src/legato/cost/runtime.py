@@ -15,7 +15,7 @@ from typing import Any, get_type_hints
 
 from legato.errors import ConfigError
 from legato.specs.dtypes import DTYPE_KINDS
-from legato.specs.typed import from_dict
+from legato.specs.typed import FLAG_WORDS, from_dict, key_value_items
 
 DTYPE_BYTES = {name: kind.bytes for name, kind in DTYPE_KINDS.items()}
 HOST_LINK_GBPS = 55.0  # PCIe 5.0 x16, effective GB/s one way per GPU (H100/H800 class)
@@ -87,18 +87,13 @@ def _pairs(text: str, where: str) -> dict[str, Any]:
     """``key=value`` items typed by Runtime's fields (booleans as 0/1/true/false)."""
     kinds = get_type_hints(Runtime)
     out: dict[str, Any] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = (x.strip() for x in item.partition("="))
-        if not sep or key not in kinds:
-            raise ConfigError(
-                f"{where}: bad item {item!r}; expected key=value with key in {', '.join(kinds)}"
-            )
+    for key, value in key_value_items(text, kinds, where, ConfigError):
         kind = kinds[key]
         try:
             if kind is bool:
-                if value.lower() not in ("0", "1", "true", "false"):
+                if value.lower() not in FLAG_WORDS:
                     raise ValueError
-                out[key] = value.lower() in ("1", "true")
+                out[key] = FLAG_WORDS[value.lower()]
             else:
                 out[key] = float(value) if kind is float else int(value)
         except ValueError:

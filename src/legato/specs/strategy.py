@@ -31,6 +31,7 @@ from legato.errors import LegatoError
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.schedules import MULTI_CHUNK, SCHEDULES
+from legato.specs.typed import FLAG_WORDS, key_value_items
 
 
 class StrategyError(LegatoError):
@@ -240,15 +241,8 @@ class Strategy:
         (and ``ep=8,moe_overlap=comet,moe_chunks=4,moe_groups=2,swap=1,loss_chunk=4096``)."""
         allowed = [f.name for f in fields(cls) if f.name != "tp_y"]
         kwargs: dict[str, object] = {}
-        for item in filter(None, (p.strip() for p in text.split(","))):
-            key, sep, value = item.partition("=")
-            key = key.strip()
-            if not sep or key not in allowed:
-                raise StrategyError(
-                    f"strategy: bad item {item!r}; expected key=value with key in "
-                    f"{', '.join(allowed)}"
-                )
-            kwargs.update(_parse_value(key, value.strip()))
+        for key, value in key_value_items(text, allowed, "strategy", StrategyError):
+            kwargs.update(_parse_value(key, value))
         return cls(**kwargs)
 
 
@@ -256,9 +250,9 @@ def _parse_value(key: str, value: str) -> dict[str, object]:
     if key in ("schedule", "recompute", "dtype", "moe_overlap"):
         return {key: value}
     if key in BOOLEANS:
-        if value.lower() not in ("0", "1", "true", "false"):
+        if value.lower() not in FLAG_WORDS:
             raise StrategyError(f"strategy.{key} must be 0/1/true/false, got {value!r}")
-        return {key: value.lower() in ("1", "true")}
+        return {key: FLAG_WORDS[value.lower()]}
     if key == "tp" and "x" in value:
         x, _, y = value.partition("x")
         tp_x, tp_y = _int(key, x), _int(key, y)

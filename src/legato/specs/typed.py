@@ -105,6 +105,26 @@ def convert(value: Any, tp: Any, where: str, error: type[LegatoError] = LegatoEr
     return value
 
 
+# the spellings a boolean may take in a ``key=value`` string
+FLAG_WORDS = {"0": False, "1": True, "false": False, "true": True}
+
+
+def key_value_items(
+    text: str, allowed: typing.Collection[str], where: str, error=LegatoError
+) -> list[tuple[str, str]]:
+    """The stripped ``(key, value)`` items of a string such as ``dp=8,tp=2``, in order;
+    ``error`` naming the first item that is not ``key=value`` with an ``allowed`` key."""
+    items = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or key not in allowed:
+            raise error(
+                f"{where}: bad item {item!r}; expected key=value with key in {', '.join(allowed)}"
+            )
+        items.append((key, value))
+    return items
+
+
 def from_dict(cls: type[T], data: dict[str, Any], where: str = "", error=LegatoError) -> T:
     """Instantiate dataclass ``cls`` from ``data``; unknown keys and bad types are errors."""
     hints = typing.get_type_hints(cls)
