@@ -22,11 +22,11 @@ from legato.models import build_model
 from legato.parallel.job import Job
 from legato.parallel.mesh import build_mesh
 from legato.parallel.pipeline import token_cross_entropy
+from legato.parallel.pipeline_step import PipelineStep
 from legato.parallel.process_group import join
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 from legato.train.config import load_config
-from legato.train.pipeline_step import PipelineStep
 from legato.train.trainer import Trainer, TrainResult
 
 pytestmark = pytest.mark.distributed
@@ -66,10 +66,10 @@ def _gradient_sum_case(rank: int) -> dict:
     ref_loss.backward()
     ref_norm = torch.nn.utils.get_total_norm([p.grad for p in reference.parameters()])
     ctx = join("gloo", "cpu")
-    strategy = Strategy(pp=1, dp=2, mbs=2, gbs=8, dtype="fp32")
-    ctx.mesh = build_mesh(Job(strategy, "fp32"), "cpu")
+    job = Job(Strategy(pp=1, dp=2, mbs=2, gbs=8, dtype="fp32"), "fp32")
+    ctx.mesh = build_mesh(job, "cpu")
     model = build_model(spec, seed=3)
-    step = PipelineStep(model, strategy, ctx)
+    step = PipelineStep(model, job, ctx)
     rows = slice(4 * rank, 4 * rank + 4)
     loss = step.forward_backward(ids[rows], labels[rows])
     norm = step.clip_grad_norm(float("inf"))

@@ -29,6 +29,10 @@ DENSE = (
     "ffn_hidden_size = 128, vocab_size = 259, seq_len = 64}"
 )
 MOE = "{num_layers = 2, hidden_size = 64, num_heads = 2, num_kv_heads = 2, vocab_size = 259}"
+# 4 layers (pp=2 x vpp=2), the embedding tied to the LM head: a copy on the first and the
+# last stage, each FSDP2-sharded over its own data-parallel group
+TIED = DENSE.replace("num_layers = 3", "num_layers = 4").replace("}", ", tied_embeddings = true}")
+MODELS = {"dense": DENSE, "moe": MOE, "tied": TIED}
 # row id -> (model, world size, strategy)
 ROWS = {
     "zero=0": ("dense", 2, "zero=0"),
@@ -41,9 +45,13 @@ ROWS = {
     "tp=2,sp": ("dense", 2, "tp=2,sp=1"),
     "cp=2": ("dense", 2, "cp=2"),
     "pp=2 uneven": ("dense", 2, "pp=2,schedule=1f1b"),
+    "pp=2 recompute=full": ("dense", 2, "pp=2,recompute=full"),
+    "pp=2 zb-h1 recompute=selective": ("dense", 2, "pp=2,schedule=zb-h1,recompute=selective"),
     "moe ep=2": ("moe", 2, "ep=2"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
+    "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
+    "pp=2 x dp=2 zero=2 tied": ("tied", 4, "pp=2,zero=2,schedule=interleaved,vpp=2"),
 }
 
 
@@ -52,15 +60,20 @@ def _args(small_train_args, run: Path, model: str, *extra: str) -> list[str]:
     return small_train_args(
         run,
         f"--model.preset={preset}",
-        f"--model.overrides={MOE if model == 'moe' else DENSE}",
+        f"--model.overrides={MODELS[model]}",
         "--train.micro_batch_size=2",
         *extra,
     )
 
 
-def _train_rows(rank: int, rows: dict[str, list[str]]) -> dict[str, dict]:
-    """A ``run_ranks`` worker: every row's first-step gradients on this rank."""
-    return {name: first_step_gradients(args, STEPS) for name, args in rows.items()}
+def _train_rows(rank: int, rows: dict[str, list[str]]) -> dict[str, tuple[dict, dict]]:
+    """A ``run_ranks`` worker: every row's first-step gradients on this rank, and the
+    share of each gradient the rank holds."""
+    out = {}
+    for name, args in rows.items():
+        shares: dict[str, float] = {}
+        out[name] = (first_step_gradients(args, STEPS, shares), shares)
+    return out
 
 
 def _log(run: Path) -> tuple[list[float], list[float]]:
@@ -73,7 +86,7 @@ def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
     """{row: (one process: grads, losses, norms), (ranks' grads, losses, norms)}."""
     root = tmp_path_factory.mktemp("strategies")
     one = {}
-    for model in ("dense", "moe"):
+    for model in MODELS:
         run = root / "one" / model
         grads = first_step_gradients(
             _args(small_train_args, run, model, "--parallel.nproc=1"), STEPS
@@ -91,14 +104,25 @@ def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
         ranks = run_ranks(_train_rows, rows, world_size=world, timeout_s=240)
         for name in rows:
             model = ROWS[name][0]
-            got = ([r[name] for r in ranks], *_log(root / name))
-            out[name] = (one[model], got)
+            got = ([r[name][0] for r in ranks], *_log(root / name))
+            out[name] = (one[model], got, [r[name][1] for r in ranks])
     return out
 
 
 @pytest.mark.parametrize("row", list(ROWS))
 def test_strategy_equals_one_process(row: str, runs: dict) -> None:
-    (want_grads, want_losses, want_norms), (grads, losses, norms) = runs[row]
+    (want_grads, want_losses, want_norms), (grads, losses, norms), _ = runs[row]
     assert losses == pytest.approx(want_losses, rel=RTOL)
     assert norms == pytest.approx(want_norms, rel=RTOL)
     assert_same_gradients(grads, want_grads, RTOL)
+
+
+@pytest.mark.parametrize("row", [r for r, (_, _, text) in ROWS.items() if "zero=" in text])
+def test_zero_shards_what_it_says(row: str, runs: dict) -> None:
+    """ZeRO >= 1 leaves each rank about half of every gradient (two data-parallel ranks);
+    zero=0 (DDP, the pipeline's all-reduce) every gradient whole."""
+    shares = [share for rank in runs[row][2] for share in rank.values()]
+    if "zero=0" in ROWS[row][2]:
+        assert set(shares) == {1.0}
+    else:
+        assert max(shares) <= 0.51, max(shares)

@@ -25,11 +25,15 @@ from legato.train.trainer import Trainer
 GRADIENT_ARGS = ("--optim.warmup_steps=0", "--optim.grad_clip=0")
 
 
-def first_step_gradients(args: list[str], steps: int = 1) -> dict[str, torch.Tensor]:
+def first_step_gradients(
+    args: list[str], steps: int = 1, shares: dict[str, float] | None = None
+) -> dict[str, torch.Tensor]:
     """Train ``steps`` steps with ``args`` here (one process, or one rank of a group) and
     return the gradient of every parameter this process holds at the first optimizer step,
-    as full tensors keyed by the model's parameter names."""
+    as full tensors keyed by the model's parameter names. ``shares``, if given, is filled
+    with the fraction of each gradient this rank holds (below 1 where ZeRO shards it)."""
     captured: dict[int, torch.Tensor] = {}
+    held: dict[int, float] = {}
 
     def record(optimizer: torch.optim.Optimizer, *_: object) -> None:
         if captured:
@@ -40,6 +44,8 @@ def first_step_gradients(args: list[str], steps: int = 1) -> dict[str, torch.Ten
                 if grad is not None:
                     full = grad.full_tensor() if isinstance(grad, DTensor) else grad
                     captured[id(param)] = full.detach().float().clone()
+                    local = grad.to_local() if isinstance(grad, DTensor) else grad
+                    held[id(param)] = local.numel() / full.numel()
 
     handle = register_optimizer_step_pre_hook(record)
     try:
@@ -50,6 +56,8 @@ def first_step_gradients(args: list[str], steps: int = 1) -> dict[str, torch.Ten
     # DDP prefixes "module."; a pipeline's stages hold the full model's own parameters
     # (a tied embedding's copy on the last stage has no name of its own and is left out).
     names = {id(p): n.removeprefix("module.") for n, p in trainer.model.named_parameters()}
+    if shares is not None:
+        shares.update({names[i]: share for i, share in held.items() if i in names})
     return {names[i]: grad for i, grad in captured.items() if i in names}
 
 

@@ -110,7 +110,8 @@ RESOLVE_ERRORS = [
     ("pp=2,schedule=zb-v,vpp=4", 2, ConfigError, "zb-v has exactly 2 chunks per rank"),
     ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
     ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
-    ("pp=2,dp=2,zero=3", 4, StrategyError, "zero=3 with pp > 1 is not executed yet"),
+    ("pp=2,dp=2,zero=3", 4, StrategyError, "zero=3 with pp > 1 is not executed"),
+    ("pp=2,schedule=zb-h1,recompute=full", 2, StrategyError, "recompute=full with zb-h1"),
     ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap yet"),
     ("tp=2x2", 4, StrategyError, "not executed for 2-D tensor parallelism"),
 ]
@@ -122,6 +123,17 @@ def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> N
         _resolve(text, world, "--train.global_batch_size=8", "--train.micro_batch_size=2")
     assert message in str(info.value) and "\n" not in str(info.value)
     assert str(info.value).startswith(f"parallel.strategy = {text!r}") or kind is ConfigError
+
+
+def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank() -> None:
+    tied = replace(SPEC, tied_embeddings=True)
+    batch = ["--train.global_batch_size=8", "--train.micro_batch_size=2"]
+    v_schedule = load_config(None, ["--parallel.strategy=pp=2,dp=2,zero=1,schedule=zb-v", *batch])
+    with pytest.raises(StrategyError, match="zero=1 with tied_embeddings under zb-v"):
+        v_schedule.job(tied, 4)
+    assert v_schedule.job(SPEC, 4).strategy.zero == 1  # untied: two stages, two FSDP2 roots
+    interleaved = "--parallel.strategy=pp=2,dp=2,zero=2,schedule=interleaved,vpp=2"
+    assert load_config(None, [interleaved, *batch]).job(tied, 4).strategy.zero == 2
 
 
 @pytest.mark.parametrize(

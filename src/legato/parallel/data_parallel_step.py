@@ -21,17 +21,16 @@ micro-batches and ranks: a regulariser that depends on the split, as it does on 
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor
 
 from legato.parallel.batch_split import chunk_sizes, even_split, microbatch_count
 from legato.parallel.fsdp import gradient_sync, unwrap
+from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
 from legato.parallel.job import Job
 from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
 from legato.parallel.mesh import GRADIENT_DIM, submesh
@@ -92,25 +91,10 @@ class DataParallelStep:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm; returns it (before clipping)."""
-        params = [p for p in self.module.parameters() if p.grad is not None]
-        return clip_grad_norm(params, max_norm)
-
-
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float) -> float:
-    """``clip_grad_norm_`` over parameters that may live on different meshes (tensor- and
-    expert-parallel DTensors beside FSDP2's): one norm per mesh, each made whole, then
-    combined, where torch's single ``foreach`` pass refuses mixed meshes."""
-    by_mesh: dict[object, list[torch.nn.Parameter]] = defaultdict(list)
-    for p in params:
-        by_mesh[p.grad.device_mesh if isinstance(p.grad, DTensor) else None].append(p)
-    squares = []
-    for group in by_mesh.values():
-        norm = torch.nn.utils.get_total_norm([p.grad for p in group], foreach=True)
-        squares.append((norm.full_tensor() if isinstance(norm, DTensor) else norm).square())
-    total = torch.stack(squares).sum().sqrt() if squares else torch.zeros(())
-    for group in by_mesh.values():
-        torch.nn.utils.clip_grads_with_norm_(group, max_norm, total, foreach=True)
-    return float(total)
+        params = list(self.module.parameters())
+        total = squared_grad_norm(params, self.device).sqrt()
+        clip_to_norm(params, max_norm, total)
+        return float(total)
 
 
 def _sum(tensor: Tensor, group: dist.ProcessGroup | None) -> Tensor:

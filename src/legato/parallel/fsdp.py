@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
@@ -83,3 +83,32 @@ def gradient_sync(model: nn.Module, enabled: bool, zero: int = 3) -> Iterator[No
             yield
     else:
         yield
+
+
+@contextlib.contextmanager
+def reduce_after_pipeline(stages: Sequence[nn.Module]) -> Iterator[None]:
+    """Wrap one pipeline step over FSDP2 ``stages``: gradients accumulate unsharded over
+    all its micro-batches and are reduce-scattered once at the end, then the parameters
+    are resharded (ZeRO-1/2 inside a stage; torchtitan's pp + FSDP2).
+
+    The pipeline runner takes its gradients with ``torch.autograd.grad`` and deferred
+    weight-gradient GEMMs, not ``backward()``, so FSDP2's own post-backward never sees a
+    "last backward". As torch's ``pipelining`` stage does (``perform_reduce_grad``), the
+    reduction is switched off while the schedule runs and each parameter group's
+    post-backward is called by hand after it. On an exception nothing is reduced.
+    """
+    roots = [m for m in stages if isinstance(m, FSDPModule)]
+    for root in roots:
+        root.set_is_last_backward(False)
+        root.set_reshard_after_backward(False)
+        root.set_requires_gradient_sync(False)
+    yield
+    for root in roots:
+        root.set_is_last_backward(True)
+        root.set_reshard_after_backward(True)
+        root.set_requires_gradient_sync(True)
+        state = fully_shard.state(root)
+        for inner in state._state_ctx.all_states:
+            for group in inner._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()

@@ -13,10 +13,11 @@ resharded after forward); ``tp`` (Megatron column/row through ``parallelize_modu
 vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``pp`` with every schedule of
-``legato.schedule``, stages replicated by DDP; ``swap`` and ``loss_chunk``; ``dtype``,
-``mbs``, ``gbs``. What is refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA
-/ tied-embedding models, and pp combined with tp, cp, ep, zero > 0 or swap
-(``_check_runtime``). The keys ``mbs``, ``gbs`` and
+``legato.schedule``, its stages laid out by the same appliers (replicas summed by one
+all-reduce for zero=0, FSDP2 inside each stage for zero=1/2); ``swap`` and
+``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. What is refused, each with its reason:
+``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with tp, cp, ep,
+swap or zero=3, and the pipeline cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -221,11 +222,24 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         raise StrategyError(
             f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 are not executed yet"
         )
-    data_parallel = s.dp * s.cp > 1
-    if s.pp > 1 and data_parallel and s.zero:
+    if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
         raise StrategyError(
-            f"{where}: zero={s.zero} with pp > 1 is not executed yet (a pipeline's replicas "
-            f"sum their gradients in one all-reduce); use zero=0"
+            f"{where}: recompute=full with {s.schedule} is not executed (a block recomputed "
+            f"in B would need its deferred weight gradients recorded again for W); use "
+            f"recompute=selective or a schedule without split backward "
+            f"({', '.join(k for k, v in SCHEDULE_KINDS.items() if not v.split_backward)})"
+        )
+    data_parallel = s.dp * s.cp > 1
+    if s.pp > 1 and data_parallel and s.zero == 3:
+        raise StrategyError(
+            f"{where}: zero=3 with pp > 1 is not executed (a stage's parameters stay "
+            f"gathered for the whole pipeline step); use zero=1 or 2, or 0"
+        )
+    if s.pp > 1 and data_parallel and s.zero and spec.tied_embeddings and _folded(s):
+        raise StrategyError(
+            f"{where}: zero={s.zero} with tied_embeddings under {s.schedule} (one rank holds "
+            f"the first and the last stage, which would shard the embedding twice); use "
+            f"zero=0 or a schedule without a V placement"
         )
     if s.ep > 1 and s.ep != s.dp * s.cp:
         raise StrategyError(
@@ -247,6 +261,12 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
             f"{where}: tp > 1 with dp*cp > 1 needs zero=2 or 3 (FSDP2 over the tensor-"
             f"parallel DTensors), got zero={s.zero}"
         )
+
+
+def _folded(s: Strategy) -> bool:
+    """Whether the schedule puts the first and the last stage on one pipeline rank."""
+    placement = pipeline_schedule(s).placement
+    return placement.rank(0) == placement.rank(placement.num_stages - 1)
 
 
 def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:

@@ -81,7 +81,9 @@ def parallelize(
     apply_recompute(model, s)
     low = compute_dtype(job.dtype)
     module = model
-    if job.gradient_ranks > 1:
+    # a pipeline stage without ZeRO is not wrapped in DDP: its runner takes gradients with
+    # autograd.grad, which DDP's hooks do not see; PipelineStep sums them itself
+    if job.gradient_ranks > 1 and (s.zero or s.pp == 1):
         module = apply_data_parallel(model, s, mesh, param_dtype=low, ignored_params=ignored)
     out = Parallelized(module, context=context)
     if s.tp > 1:  # the logits stay split on the vocabulary

@@ -3,7 +3,7 @@
 The search is ``legato plan``'s (``plan.report.make_plan``) on the run's machine
 (``train.prediction.resolve_machine``) for the config's global batch, sequence length
 and dtype; its scorer first resolves each candidate into a ``Job`` as ``legato train``
-would, so a plan the runtime refuses (tp on a MoE model, pp with FSDP2, ...) counts as
+would, so a plan the runtime refuses (tp on a MoE model, pp with tp, ...) counts as
 invalid and the pick is always runnable. The chosen string carries ``mbs``, which sets
 ``train.micro_batch_size``; the rest of the config is kept.
 """

@@ -11,7 +11,6 @@ which ``Trainer.set_batch_split`` changes between steps while ``fit()`` runs.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import math
@@ -38,10 +37,11 @@ from legato.moe import end_step
 from legato.parallel.batch_split import FIELD as BATCH_SPLIT
 from legato.parallel.batch_split import check_batch_split, even_split, microbatch_count
 from legato.parallel.data_parallel_step import DataParallelStep
-from legato.parallel.fp8 import apply_fp8, compute_dtype
+from legato.parallel.fp8 import compute_dtype
 from legato.parallel.job import AUTO, Job
 from legato.parallel.mesh import GRADIENT_DIM, build_mesh, submesh
 from legato.parallel.parallelize import parallelize
+from legato.parallel.pipeline_step import PipelineStep
 from legato.parallel.process_group import DistContext, process_group
 from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
@@ -62,7 +62,6 @@ from legato.train.metrics import (
     summarize,
 )
 from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
-from legato.train.pipeline_step import PipelineStep
 from legato.train.prediction import NO_CLUSTER, Machine, compare, predict_job, resolve_machine
 from legato.train.progress import Progress
 from legato.train.run_data import (
@@ -246,13 +245,7 @@ class Trainer:
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
         self.num_params = sum(p.numel() for p in model.parameters())
         if job.strategy.pp > 1:
-            apply_fp8(model, cfg.train.dtype, all_gather=False)
-            autocast = (
-                (lambda: torch.autocast(ctx.device.type, dtype=low))
-                if low is not None
-                else contextlib.nullcontext
-            )
-            self.step = PipelineStep(model, self.strategy, ctx, autocast)
+            self.step = PipelineStep(model, job, ctx)
             self.model = model  # the full model: its parameter names key the checkpoint
             self.evaluated = self.swap = None
         else:

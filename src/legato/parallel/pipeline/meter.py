@@ -37,10 +37,15 @@ class ActivationMeter:
     """Bytes of activation storages alive now (``current``) and at most (``peak``)."""
 
     def __init__(self, exclude: Iterable[Tensor] = ()) -> None:
-        self._exclude = {_key(t) for t in exclude}
+        self.exclude(exclude)
         self._live: dict[int, list[int]] = {}  # storage key -> [bytes, handles]
         self.current = 0
         self.peak = 0
+
+    def exclude(self, tensors: Iterable[Tensor]) -> None:
+        """Never count these storages (parameters, buffers). Replaces the previous set:
+        FSDP2 gathers a stage's parameters into new storage every step."""
+        self._exclude = {_key(t) for t in tensors}
 
     def hold(self, tensor: Tensor) -> Held:
         """Count ``tensor``'s storage until the returned handle is released."""

@@ -31,6 +31,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 from legato.errors import ConfigError
 from legato.models.attention import attention_override
@@ -125,8 +126,7 @@ class PipelineRunner:
         param = next(first.parameters())
         self.device, self.dtype = param.device, message_dtype or param.dtype
         self.hidden_size = first.hidden_size
-        buffers = [b for s in stages.values() for b in s.buffers()]
-        self.meter = ActivationMeter(exclude=self.parameters() + buffers)
+        self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
         # per-step state: units between F and their last W, K/V caches per (mb, stage),
@@ -163,11 +163,18 @@ class PipelineRunner:
     # ------------------------------------------------------------------ the step
 
     def step(
-        self, input_ids: Tensor, labels: Tensor, *, loss_scale: float | None = None
+        self,
+        input_ids: Tensor,
+        labels: Tensor,
+        *,
+        loss_scale: float | None = None,
+        sync_tied: bool = True,
     ) -> Tensor | None:
         """Run one schedule over the batch ``input_ids``/``labels`` [B, S] (the same on every
         rank); B is cut into the schedule's micro-batches, S into its slices. Returns the
-        loss (a detached scalar) on the rank holding the last stage, else ``None``."""
+        loss (a detached scalar) on the rank holding the last stage, else ``None``.
+        ``sync_tied=False`` leaves ``sync_tied_embeddings`` to the caller (after it reduced
+        the gradients over data parallelism)."""
         s = self.schedule
         if input_ids.shape != labels.shape or input_ids.dim() != 2:
             raise ConfigError(
@@ -190,6 +197,8 @@ class PipelineRunner:
             state.clear()  # after a failed step
         if self._p2p is None and s.stages > 1:
             self._p2p = P2P(s, self.rank, self.group, self._message_shape, self.dtype, self.device)
+        buffers = [b for stage in self.stages.values() for b in stage.buffers()]
+        self.meter.exclude([*self.parameters(), *buffers])  # as they are now (gathered)
         self.meter.reset_peak()
         self.stats = StepStats()
         start = time.perf_counter()
@@ -202,7 +211,8 @@ class PipelineRunner:
                 self._handlers[action.kind](action)
         if self._p2p is not None:
             self._p2p.finish()
-        self._sync_tied_embeddings()
+        if sync_tied:
+            self.sync_tied_embeddings()
         self.stats.step_seconds = time.perf_counter() - start
         self.stats.peak_activation_bytes = self.meter.peak
         if self._units or self._inbox or self._grad_out or self._caches:
@@ -321,9 +331,11 @@ class PipelineRunner:
         kind = "F" if a.kind == "RECV_F" else "B"
         self._inbox[(kind, a.microbatch, a.stage, a.seq_slice)] = self._p2p.recv(a)
 
-    def _sync_tied_embeddings(self) -> None:
+    def sync_tied_embeddings(self) -> None:
         """With tied embeddings on two ranks (first and last stage), each holds a copy of
-        the matrix; both get the sum of the two gradients so their updates stay equal."""
+        the matrix; both get the sum of the two gradients so their updates stay equal.
+        A sharded gradient (FSDP2 in the stages) is summed shard by shard: both copies are
+        sharded alike over their data-parallel groups."""
         placement, last = self.schedule.placement, self.schedule.num_stages - 1
         first_rank, last_rank = placement.rank(0), placement.rank(last)
         tied = next(iter(self.stages.values())).tied_embeddings
@@ -333,7 +345,10 @@ class PipelineRunner:
             weight, peer = self.stages[0].embed_tokens.weight, last_rank
         else:
             weight, peer = self.stages[last].output_embedding.weight, first_rank
-        mine = weight.grad if weight.grad is not None else torch.zeros_like(weight)
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        grad = weight.grad
+        mine = grad.to_local() if isinstance(grad, DTensor) else grad
         theirs = torch.empty_like(mine)
         peer = peer if self.group is None else dist.get_global_rank(self.group, peer)
         ops = [
@@ -342,4 +357,4 @@ class PipelineRunner:
         ]
         for work in dist.batch_isend_irecv(ops):
             work.wait()
-        weight.grad = mine + theirs
+        mine.add_(theirs)

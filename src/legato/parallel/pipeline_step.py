@@ -1,57 +1,63 @@
 """The trainer's step when ``parallel.strategy`` has pp > 1: a pipeline times data parallel.
 
 Every process builds the full seeded model (so any layout starts from the same weights),
-keeps the virtual stages its pipeline rank holds (``build_stages``) and runs the strategy's
-schedule on them with ``PipelineRunner`` over the ``"pp"`` group of a 2-D ``("pp", "dp")``
-mesh. One step, for this rank's data-parallel replica (``gbs / dp`` rows, cut by the
+keeps the virtual stages its pipeline rank holds (``build_stages``), lays each stage out
+with ``parallelize`` (FP8, recompute, FSDP2: the same appliers as a whole model) and runs
+the strategy's schedule on them with ``PipelineRunner`` over the ``"pp"`` dimension of the
+run mesh. One step, for this rank's data-parallel replica (``gbs / dp`` rows, cut by the
 runner into ``m = gbs / (mbs * dp)`` micro-batches):
 
-* each token's loss is scaled by 1 / (label tokens in the *global* batch), so the units of
-  all replicas sum to the global mean loss and the gradients to those of that mean;
-* gradients are summed over the ``"dp"`` group with one flat all-reduce. Not FSDP2: the
-  runner computes gradients with ``torch.autograd.grad`` and its own deferred
-  weight-gradient GEMMs, which bypass the backward hooks that drive FSDP2's
-  reduce-scatter; an all-reduce after the step is the simple route that is exact;
-* the gradient norm for clipping is global: squared norms all-reduced over ``"pp"``, a
-  tied embedding (held by the first and the last stage) counted once, by its first stage;
+* each token's loss is scaled so the units of all replicas sum to the global mean loss:
+  1 / (label tokens in the *global* batch), times ``dp`` under FSDP2, which averages;
+* gradients over ``"dp"``: with ``zero=0`` summed by one flat all-reduce after the step
+  (DDP's hooks never fire: the runner takes gradients with ``torch.autograd.grad`` and
+  its own deferred weight-gradient GEMMs); with ``zero=1/2`` each stage is FSDP2-sharded,
+  its parameters are gathered once at the start of the step and kept whole to its end,
+  and its gradients are reduce-scattered once after the last micro-batch
+  (``fsdp.reduce_after_pipeline``), then the parameters are resharded. The optimizer
+  states (and, between steps, parameters and gradients) are this rank's shard only;
+* a tied embedding (held by the first and the last stage) gets the sum of both copies'
+  gradients after that reduction, and the gradient norm for clipping is global: squared
+  norms all-reduced over ``"pp"``, the tied matrix counted once, by its first stage;
 * the logged loss is the last stages' losses summed over every rank (the others add 0).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.distributed.fsdp import FSDPModule
 
 from legato.models.transformer import Transformer
-from legato.parallel.job import pipeline_schedule
+from legato.parallel.fsdp import reduce_after_pipeline
+from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
+from legato.parallel.job import Job, pipeline_schedule
+from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.process_group import DistContext, all_reduce_flat
-from legato.specs.strategy import Strategy
 
 
 class PipelineStep:
-    """This rank's stages of ``model``, their runner and the collectives around a step."""
+    """This rank's laid-out stages of ``model``, their runner and the collectives around
+    a step."""
 
-    def __init__(
-        self,
-        model: Transformer,
-        strategy: Strategy,
-        ctx: DistContext,
-        autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    ) -> None:
+    def __init__(self, model: Transformer, job: Job, ctx: DistContext) -> None:
         mesh = ctx.mesh
         if mesh is None or "pp" not in (mesh.mesh_dim_names or ()):
             raise RuntimeError("PipelineStep needs the run mesh of parallel.mesh.build_mesh")
-        self.ctx, self.autocast = ctx, autocast
+        strategy = job.strategy
+        self.ctx, self.job = ctx, job
         self.pp_rank = mesh.get_local_rank("pp")
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if strategy.dp > 1 else None
-        self.schedule = pipeline_schedule(strategy)
+        self.schedule = job.schedule or pipeline_schedule(strategy)
         self.stages = build_stages(model, self.schedule.placement, self.pp_rank)
+        # FSDP2 shards each stage in place: the stages (and the model) keep their modules
+        self.laid_out = [parallelize(stage, job, mesh) for stage in self.stages.values()]
+        self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)
         self.runner = PipelineRunner(
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group
         )
@@ -76,7 +82,7 @@ class PipelineStep:
     def forward_backward(
         self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
     ) -> float:
-        """Run the schedule over this replica's rows; gradients summed over dp. Returns the
+        """Run the schedule over this replica's rows; gradients reduced over dp. Returns the
         global batch's mean loss (the same on every rank). ``split`` (the step interface's
         rows per dp rank) is the even one here: ``train.batch_split`` needs pp = 1, as the
         schedule runs equal micro-batches on every replica."""
@@ -85,13 +91,26 @@ class PipelineStep:
         count = (labels != IGNORE_INDEX).sum()
         if self.dp_group is not None:
             dist.all_reduce(count, group=self.dp_group)
-        with self.autocast():
-            loss = self.runner.step(inputs, labels, loss_scale=1.0 / max(int(count), 1))
-        self._reduce_gradients()
+        averaged = self.job.strategy.dp if self.sharded else 1  # FSDP2 averages, we sum
+        scale = averaged / max(int(count), 1)
+        with reduce_after_pipeline(self.stages.values()), self.laid_out[0].step_context():
+            self._gather()
+            loss = self.runner.step(inputs, labels, loss_scale=scale, sync_tied=False)
+        if not self.sharded:
+            self._sum_gradients()
+        self.runner.sync_tied_embeddings()
         total = loss.detach().clone() if loss is not None else torch.zeros((), device=device)
-        return self.ctx.all_reduce_sum(total).item()
+        return self.ctx.all_reduce_sum(total).item() / averaged
 
-    def _reduce_gradients(self) -> None:
+    def _gather(self) -> None:
+        """All-gather every FSDP2 group of the stages once, before the first forward: the
+        runner asks autograd for the gradients of the parameters the stages hold *now*."""
+        for stage in self.stages.values():
+            for module in stage.modules():
+                if isinstance(module, FSDPModule):
+                    module.unshard()
+
+    def _sum_gradients(self) -> None:
         """Sum this rank's gradients over its data-parallel group in one all-reduce."""
         if self.dp_group is None:
             return
@@ -102,10 +121,8 @@ class PipelineStep:
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""
-        grads = [p.grad for p in self._norm_params if p.grad is not None]
-        norm = torch.nn.utils.get_total_norm(grads, foreach=True) if grads else None
-        squared = norm.square() if norm is not None else torch.zeros((), device=self.ctx.device)
+        squared = squared_grad_norm(self._norm_params, self.ctx.device)
         dist.all_reduce(squared, group=self.pp_group)
         total = squared.sqrt()
-        torch.nn.utils.clip_grads_with_norm_(self.params, max_norm, total, foreach=True)
+        clip_to_norm(self.params, max_norm, total)
         return float(total)
