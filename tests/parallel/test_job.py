@@ -12,7 +12,7 @@ import pytest
 from legato.cli.main import main
 from legato.errors import ConfigError
 from legato.parallel.job import pipeline_schedule
-from legato.specs.model import ModelSpec
+from legato.specs.model import ModelSpec, MoESpec
 from legato.specs.strategy import StrategyError
 from legato.train.config import load_config, resolve_model
 
@@ -123,6 +123,19 @@ def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> N
         _resolve(text, world, "--train.global_batch_size=8", "--train.micro_batch_size=2")
     assert message in str(info.value) and "\n" not in str(info.value)
     assert str(info.value).startswith(f"parallel.strategy = {text!r}") or kind is ConfigError
+
+
+def test_expert_parallel_pipeline_defaults_to_fsdp2_in_the_stages() -> None:
+    moe = replace(SPEC, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=16))
+    batch = [
+        "--train.global_batch_size=8", "--train.micro_batch_size=2",
+        "--train.moe_aux_loss_coef=0",
+    ]  # fmt: skip
+    config = load_config(None, ["--parallel.strategy=pp=2,ep=2", *batch])
+    assert config.job(moe, 4).strategy.zero == 1
+    flat = load_config(None, ["--parallel.strategy=pp=2,ep=2,zero=0", *batch])
+    with pytest.raises(StrategyError, match="ep > 1 with pp > 1 needs zero=1 or 2"):
+        flat.job(moe, 4)
 
 
 def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank() -> None:

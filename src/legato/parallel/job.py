@@ -16,8 +16,8 @@ vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``legato.schedule``, its stages laid out by the same appliers (replicas summed by one
 all-reduce for zero=0, FSDP2 inside each stage for zero=1/2); ``swap`` and
 ``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. What is refused, each with its reason:
-``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with tp, cp, ep,
-swap or zero=3, and the pipeline cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
+``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with tp, cp,
+swap or zero=3, ep under pp without FSDP2, and the cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -190,6 +190,7 @@ def resolve_job(
     zero = strategy.zero
     if "zero" not in keys:  # FSDP2 for data parallelism, a flat all-reduce in a pipeline
         zero = 3 if strategy.pp == 1 and dp * strategy.cp > 1 else 0
+        zero = 1 if strategy.pp > 1 and strategy.ep > 1 else zero  # experts need FSDP2
     strategy = strategy.with_(
         dp=dp, vpp=vpp, zero=zero, mbs=mbs, gbs=gbs, dtype=DTYPE_KINDS[dtype].priced_as
     )
@@ -216,11 +217,12 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
     if s.pp > 1 and (s.tp > 1 or s.cp > 1):
         raise StrategyError(f"{where}: pp > 1 with tp or cp > 1 is not executed yet")
     pipeline_not_yet = [
-        k for k in ("ep", "swap", "loss_chunk") if getattr(s, k) != getattr(Strategy(), k)
+        k for k in ("swap", "loss_chunk") if getattr(s, k) != getattr(Strategy(), k)
     ]
     if s.pp > 1 and pipeline_not_yet:
+        verb = "is" if len(pipeline_not_yet) == 1 else "are"
         raise StrategyError(
-            f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 are not executed yet"
+            f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 {verb} not executed yet"
         )
     if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
         raise StrategyError(
@@ -250,6 +252,11 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         raise StrategyError(
             f"{where}: ep > 1 needs zero=2 or 3 (FSDP2 holds the experts' DTensors beside "
             f"the dense parameters), got zero={s.zero}"
+        )
+    if s.ep > 1 and s.zero == 0 and s.pp > 1:
+        raise StrategyError(
+            f"{where}: ep > 1 with pp > 1 needs zero=1 or 2 (FSDP2 in the stages leaves the "
+            f"experts to EP; the all-reduce of zero=0 would sum the experts' shards), got zero=0"
         )
     if s.loss_chunk and data_parallel and s.zero < 2 and s.pp == 1:
         raise StrategyError(

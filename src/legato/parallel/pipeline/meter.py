@@ -18,6 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
+from torch.distributed.tensor import DTensor
 
 
 class Held:
@@ -84,6 +85,8 @@ def _unpack(held: Held) -> Tensor:
 
 
 def _key(tensor: Tensor) -> int:
+    if isinstance(tensor, DTensor):  # an expert-parallel parameter: its local shard
+        tensor = tensor.to_local()
     if tensor.device.type == "meta" or tensor.is_sparse:
         return 0
     return tensor.untyped_storage().data_ptr()
