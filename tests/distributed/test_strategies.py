@@ -1,7 +1,7 @@
 """Every family of the 7-D runtime equals one process: losses, every gradient, every norm.
 
 Each row is a strategy string as ``legato plan`` prints it, trained by ``Trainer`` on real
-gloo processes (2, or 4 where the composition needs them) for three steps without clipping.
+gloo processes (2, or 4 and 8 where the composition needs them) for three steps without clipping.
 Against the same three steps in one process: the loss and the gradient norm of every step,
 and every parameter's full gradient at the first step (DTensor shards gathered, pipeline
 stages merged), within 1e-5 relative. A layout that scaled every gradient by a constant
@@ -60,6 +60,9 @@ ROWS = {
     "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
     "pp=2 x dp=2 zero=2 tied": ("tied", 4, "pp=2,zero=2,schedule=interleaved,vpp=2"),
     "moe pp=2 x ep=2 zero=1": ("moe-no-aux", 4, "pp=2,ep=2,zero=1"),
+    "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),
+    "pp=2 x tp=2 sp svpp": ("dense", 4, "pp=2,tp=2,sp=1,schedule=svpp,slices=2"),
+    "pp=2 x tp=2 sp x dp=2 zero=1": ("dense", 8, "pp=2,tp=2,sp=1,dp=2,zero=1"),
 }
 
 
@@ -102,7 +105,7 @@ def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
         )
         one[model] = (grads, *_log(run))
     out = {}
-    for world in (2, 4):
+    for world in (2, 4, 8):
         if not any(size == world for _, size, _ in ROWS.values()):
             continue
         rows = {

@@ -125,6 +125,15 @@ def test_strategy_that_does_not_fit_is_one_line(text, world, kind, message) -> N
     assert str(info.value).startswith(f"parallel.strategy = {text!r}") or kind is ConfigError
 
 
+def test_sequence_parallel_needs_tp_to_divide_every_slice() -> None:
+    batch = ["--train.global_batch_size=8", "--train.micro_batch_size=2", "--data.seq_len=30"]
+    whole = load_config(None, ["--parallel.strategy=pp=2,tp=2,sp=1", *batch])
+    assert whole.job(SPEC, 4).strategy.sp
+    sliced = "--parallel.strategy=pp=2,tp=2,sp=1,schedule=seq1f1b,slices=2"
+    with pytest.raises(StrategyError, match=r"sp needs tp=2 to divide .* got \[15, 15\]"):
+        load_config(None, [sliced, *batch]).job(SPEC, 4)
+
+
 def test_expert_parallel_pipeline_defaults_to_fsdp2_in_the_stages() -> None:
     moe = replace(SPEC, moe=MoESpec(num_experts=4, top_k=2, expert_ffn_hidden_size=16))
     batch = [

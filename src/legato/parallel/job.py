@@ -13,11 +13,11 @@ resharded after forward); ``tp`` (Megatron column/row through ``parallelize_modu
 vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``pp`` with every schedule of
-``legato.schedule``, its stages laid out by the same appliers (replicas summed by one
-all-reduce for zero=0, FSDP2 inside each stage for zero=1/2); ``swap`` and
+``legato.schedule``, its stages laid out by the same appliers (tp with sp, ep, recompute;
+replicas summed by one all-reduce for zero=0, FSDP2 inside each stage for zero=1/2); ``swap`` and
 ``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. What is refused, each with its reason:
-``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with tp, cp,
-swap or zero=3, ep under pp without FSDP2, and the cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
+``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with cp, swap or
+zero=3, ep under pp without FSDP2, and the cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -35,10 +35,11 @@ uneven local batches (``train.batch_split``, pp = 1 only) the step runs
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 from legato.errors import ConfigError
-from legato.schedule import Schedule, ScheduleError, build_schedule
+from legato.schedule import Schedule, ScheduleError, build_schedule, token_bounds
 from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
@@ -214,8 +215,10 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         raise StrategyError(f"{where}: {exc}") from None
     if s.slices > 1 and seq_len % s.slices:
         raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
-    if s.pp > 1 and (s.tp > 1 or s.cp > 1):
-        raise StrategyError(f"{where}: pp > 1 with tp or cp > 1 is not executed yet")
+    if s.sp:
+        check_sequence_parallel(s, seq_len, where)
+    if s.pp > 1 and s.cp > 1:
+        raise StrategyError(f"{where}: pp > 1 with cp > 1 is not executed yet")
     pipeline_not_yet = [
         k for k in ("swap", "loss_chunk") if getattr(s, k) != getattr(Strategy(), k)
     ]
@@ -263,10 +266,22 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
             f"{where}: loss_chunk > 0 runs with zero=2 or 3 or one process (DDP's forward "
             f"does not see the model's hidden_states), got zero={s.zero}"
         )
-    if s.tp > 1 and data_parallel and s.zero < 2:
+    if s.tp > 1 and data_parallel and s.zero < 2 and s.pp == 1:
         raise StrategyError(
             f"{where}: tp > 1 with dp*cp > 1 needs zero=2 or 3 (FSDP2 over the tensor-"
             f"parallel DTensors), got zero={s.zero}"
+        )
+
+
+def check_sequence_parallel(s: Strategy, seq_len: int, where: str) -> None:
+    """sp splits every piece of sequence a stage sees (the whole sequence, or each slice
+    of a slice-level schedule) over the tp ranks: tp must divide each one's tokens."""
+    cuts = token_bounds(pipeline_schedule(s).slice_bounds, seq_len) if s.pp > 1 else (0, seq_len)
+    pieces = [b - a for a, b in pairwise(cuts)]
+    if any(n % s.tp for n in pieces):
+        raise StrategyError(
+            f"{where}: sp needs tp={s.tp} to divide the tokens of every sequence piece a "
+            f"stage runs, got {pieces} (data.seq_len {seq_len}, slices={s.slices})"
         )
 
 

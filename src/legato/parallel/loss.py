@@ -8,7 +8,6 @@ sum is the same as the full computation's up to fp32 rounding.
 from __future__ import annotations
 
 from torch import Tensor, nn
-from torch.distributed.tensor import DTensor
 
 from legato.memory import chunked_lm_loss
 from legato.parallel.pipeline.runner import IGNORE_INDEX, token_cross_entropy
@@ -17,9 +16,7 @@ from legato.parallel.pipeline.runner import IGNORE_INDEX, token_cross_entropy
 def token_loss_sum(model: nn.Module, inputs: Tensor, labels: Tensor, loss_chunk: int) -> Tensor:
     """Cross-entropy summed over the label tokens of ``inputs`` (``IGNORE_INDEX`` skipped)."""
     if not loss_chunk:
-        loss = token_cross_entropy(model(inputs), labels)
-        # vocabulary-parallel logits give a replicated DTensor: the same sum on every rank
-        return loss.full_tensor() if isinstance(loss, DTensor) else loss
+        return token_cross_entropy(model(inputs), labels)
     return chunked_lm_loss(
         model,
         inputs,

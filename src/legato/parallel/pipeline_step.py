@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
+from torch.distributed.tensor import DTensor
 
 from legato.models.transformer import Transformer
 from legato.parallel.fsdp import reduce_after_pipeline
@@ -59,8 +60,9 @@ class PipelineStep:
         self.laid_out = [parallelize(stage, job, mesh) for stage in self.stages.values()]
         self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)
         self.runner = PipelineRunner(
-            self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group
-        )
+            self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
+            sequence_shards=strategy.tp if strategy.sp else 1,
+        )  # fmt: skip
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())
         self.params = self.runner.parameters()
@@ -100,7 +102,8 @@ class PipelineStep:
             self._sum_gradients()
         self.runner.sync_tied_embeddings()
         total = loss.detach().clone() if loss is not None else torch.zeros((), device=device)
-        return self.ctx.all_reduce_sum(total).item() / averaged
+        # every tensor-parallel rank of a last stage holds the same loss
+        return self.ctx.all_reduce_sum(total).item() / (averaged * self.job.strategy.tp)
 
     def _gather(self) -> None:
         """All-gather every FSDP2 group of the stages once, before the first forward: the
@@ -117,7 +120,9 @@ class PipelineStep:
         for p in self.params:
             if p.grad is None:  # every replica must send the same layout
                 p.grad = torch.zeros_like(p)
-        all_reduce_flat([p.grad for p in self.params], self.dp_group).wait()
+        # a tensor-parallel gradient is summed shard by shard (dp pairs equal tp ranks)
+        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in self.params]
+        all_reduce_flat(grads, self.dp_group).wait()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""

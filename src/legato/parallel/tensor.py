@@ -26,20 +26,25 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
+    PrepareModuleOutput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from legato.parallel.mesh import submesh
+from legato.parallel.pipeline.stages import StageModule
 from legato.parallel.tensor_parallel import apply_tensor_parallel
 from legato.plan.sbp_layout import part_layout
 from legato.specs.strategy import Strategy
 
 
 def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None:
-    """Split ``model`` (a ``Transformer``, identical on every rank) in place over the tp
-    dimension of ``mesh``; the loss must then run under ``loss_parallel()``."""
+    """Split ``model`` (a ``Transformer`` or a pipeline ``StageModule``, identical on every
+    rank) in place over the tp dimension of ``mesh``; the loss must then run under
+    ``loss_parallel()``. A stage holds the embedding, the final norm and the LM head only
+    where it is the first or the last one."""
     tp_mesh = submesh(mesh, "tp")
     # the block layout depends on tp and sp only; batch and dtype do not change a placement
     alone = Strategy(tp=strategy.tp, sp=strategy.sp, mbs=1, gbs=1, dtype="fp32")
@@ -47,14 +52,33 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     for block in model.blocks:
         apply_tensor_parallel(block, tp_mesh, layout)
     stream = Shard(1) if strategy.sp else Replicate()  # the residual stream between blocks
-    plan = {
-        "model.embed_tokens": RowwiseParallel(
+    decoder = getattr(model, "model", model)  # a Transformer's decoder, or the stage itself
+    ends = [
+        (decoder.embed_tokens, RowwiseParallel(
             input_layouts=Replicate(), output_layouts=stream, use_local_output=not strategy.sp
-        ),
-        "lm_head": ColwiseParallel(
+        )),
+        (model.lm_head, ColwiseParallel(
             input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
-        ),
-    }
-    if strategy.sp:
-        plan["model.norm"] = SequenceParallel()
-    parallelize_module(model, tp_mesh, plan)
+        )),
+        (decoder.norm if strategy.sp else None, SequenceParallel()),
+    ]  # fmt: skip
+    for module, style in ends:
+        if module is not None:
+            parallelize_module(module, tp_mesh, style)
+    if strategy.sp and isinstance(model, StageModule):
+        _cut_stream_at_stage_edges(model, tp_mesh)
+
+
+def _cut_stream_at_stage_edges(stage: StageModule, tp_mesh: DeviceMesh) -> None:
+    """With sp the residual stream is a sequence-split DTensor; between pipeline stages it
+    travels as each rank's local shard (``1/tp`` of the tokens of a slice) and becomes a
+    DTensor again on the next stage."""
+    if not stage.is_first:
+        parallelize_module(stage, tp_mesh, PrepareModuleInput(
+            input_layouts=(Shard(1), None), desired_input_layouts=(Shard(1), None),
+            use_local_output=False,
+        ))  # fmt: skip
+    if not stage.is_last:
+        parallelize_module(stage, tp_mesh, PrepareModuleOutput(
+            output_layouts=Shard(1), desired_output_layouts=Shard(1), use_local_output=True
+        ))  # fmt: skip

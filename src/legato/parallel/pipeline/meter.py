@@ -18,7 +18,7 @@ from collections.abc import Iterable, Iterator
 
 import torch
 from torch import Tensor
-from torch.distributed.tensor import DTensor
+from torch.utils._python_dispatch import is_traceable_wrapper_subclass
 
 
 class Held:
@@ -55,7 +55,7 @@ class ActivationMeter:
             return Held(tensor, None, key)
         entry = self._live.get(key)
         if entry is None:
-            nbytes = tensor.untyped_storage().nbytes()
+            nbytes = _plain(tensor).untyped_storage().nbytes()
             self._live[key] = [nbytes, 1]
             self.current += nbytes
             self.peak = max(self.peak, self.current)
@@ -84,9 +84,17 @@ def _unpack(held: Held) -> Tensor:
     return held.tensor
 
 
+def _plain(tensor: Tensor) -> Tensor:
+    """The tensor that owns the memory of a wrapper subclass (a DTensor's local shard, the
+    result an async collective wraps); ``tensor`` itself otherwise."""
+    while is_traceable_wrapper_subclass(tensor):
+        names, _ = tensor.__tensor_flatten__()
+        tensor = getattr(tensor, names[0])
+    return tensor
+
+
 def _key(tensor: Tensor) -> int:
-    if isinstance(tensor, DTensor):  # an expert-parallel parameter: its local shard
-        tensor = tensor.to_local()
+    tensor = _plain(tensor)
     if tensor.device.type == "meta" or tensor.is_sparse:
         return 0
     return tensor.untyped_storage().data_ptr()

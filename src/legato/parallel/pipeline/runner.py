@@ -53,10 +53,13 @@ LossFn = Callable[[Tensor, Tensor], Tensor]
 
 
 def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
-    """Summed cross-entropy over the tokens (``IGNORE_INDEX`` labels carry no loss)."""
-    return F.cross_entropy(
+    """Summed cross-entropy over the tokens (``IGNORE_INDEX`` labels carry no loss).
+    Vocabulary-parallel logits (under ``loss_parallel``) give a replicated DTensor: the
+    same sum on every tensor-parallel rank, returned as a plain tensor."""
+    loss = F.cross_entropy(
         logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE_INDEX, reduction="sum"
     )
+    return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
 @dataclass
@@ -86,8 +89,10 @@ class PipelineRunner:
     ``stages`` maps each virtual stage this rank holds to its module
     (``build_stages``); ``group`` is the pipeline process group (``None``: the default
     group, or no group at all for a single-rank schedule). ``message_dtype`` is the dtype
-    of activations and gradients on the wire (default: the parameters'). ``measure`` also
-    times every compute action (``stats.action_seconds``, for ``MeasuredCosts``).
+    of activations and gradients on the wire (default: the parameters');
+    ``sequence_shards`` the ranks a message's tokens are split over (tp under sequence
+    parallelism: each sends its own share). ``measure`` also times every compute action
+    (``stats.action_seconds``, for ``MeasuredCosts``).
     """
 
     def __init__(
@@ -99,6 +104,7 @@ class PipelineRunner:
         group: dist.ProcessGroup | None = None,
         loss_fn: LossFn = token_cross_entropy,
         message_dtype: torch.dtype | None = None,
+        sequence_shards: int = 1,
         measure: bool = False,
     ) -> None:
         placement = schedule.placement
@@ -126,6 +132,7 @@ class PipelineRunner:
         param = next(first.parameters())
         self.device, self.dtype = param.device, message_dtype or param.dtype
         self.hidden_size = first.hidden_size
+        self.sequence_shards = sequence_shards
         self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
@@ -228,7 +235,8 @@ class PipelineRunner:
     def _message_shape(self, action: Action) -> tuple[int, ...]:
         rows = self._ids[action.microbatch].shape[0]
         j = action.seq_slice
-        return (rows, self._cuts[j + 1] - self._cuts[j], self.hidden_size)
+        tokens = (self._cuts[j + 1] - self._cuts[j]) // self.sequence_shards
+        return (rows, tokens, self.hidden_size)
 
     def _local(self, stage: int) -> bool:
         return stage in self.stages

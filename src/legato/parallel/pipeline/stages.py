@@ -29,6 +29,7 @@ class StageModule(nn.Module):
     def __init__(self, model: Transformer, stage: int, num_stages: int, layers: range) -> None:
         super().__init__()
         decoder = model.model
+        self.spec = model.spec
         self.stage_index, self.num_stages = stage, num_stages
         self.is_first, self.is_last = stage == 0, stage == num_stages - 1
         self.hidden_size = model.spec.hidden_size
