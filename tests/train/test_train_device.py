@@ -51,7 +51,11 @@ def test_swap_and_chunked_loss_equal_the_plain_run(option, small_train_args, tmp
         ("ep=4", [], r"ep \(4\) must divide tp\*dp\*cp \(2\)"),
         ("ep=2,zero=0", [], r"ep > 1 needs zero=2 or 3"),
         ("loss_chunk=64,zero=0", [], r"loss_chunk > 0 runs with zero=2 or 3"),
-        ("pp=2,swap=1", [], r"swap with pp > 1 is not executed yet"),
+        (
+            "pp=2,schedule=zb-h1,recompute=full",
+            ["--train.moe_aux_loss_coef=0"],
+            r"recompute=full with zb-h1 is not executed",
+        ),
     ],
 )
 def test_unsupported_layouts_are_one_line_errors(

@@ -12,12 +12,13 @@ step), 2 (FSDP2, parameters kept gathered between forward and backward) or 3 (FS
 resharded after forward); ``tp`` (Megatron column/row through ``parallelize_module``,
 vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
-``dp x cp`` ranks); ``recompute`` (selective or full); ``pp`` with every schedule of
-``legato.schedule``, its stages laid out by the same appliers (tp with sp, ep, recompute;
-replicas summed by one all-reduce for zero=0, FSDP2 inside each stage for zero=1/2); ``swap`` and
-``loss_chunk``; ``dtype``, ``mbs``, ``gbs``. What is refused, each with its reason:
-``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models, pp combined with cp, swap or
-zero=3, ep under pp without FSDP2, and the cases in ``_check_runtime``. The keys ``mbs``, ``gbs`` and
+``dp x cp`` ranks); ``recompute`` (selective or full); ``swap`` and ``loss_chunk``;
+``pp`` with every schedule of ``legato.schedule``, its stages laid out by the same
+appliers (tp with sp, ep, recompute, swap, loss_chunk; replicas summed by one all-reduce
+for zero=0, FSDP2 inside each stage for zero=1/2); ``dtype``, ``mbs``, ``gbs``. What is
+refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models,
+pp combined with cp or zero=3, ep under pp without FSDP2, and the cases in
+``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -219,14 +220,6 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         check_sequence_parallel(s, seq_len, where)
     if s.pp > 1 and s.cp > 1:
         raise StrategyError(f"{where}: pp > 1 with cp > 1 is not executed yet")
-    pipeline_not_yet = [
-        k for k in ("swap", "loss_chunk") if getattr(s, k) != getattr(Strategy(), k)
-    ]
-    if s.pp > 1 and pipeline_not_yet:
-        verb = "is" if len(pipeline_not_yet) == 1 else "are"
-        raise StrategyError(
-            f"{where}: {', '.join(pipeline_not_yet)} with pp > 1 {verb} not executed yet"
-        )
     if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
         raise StrategyError(
             f"{where}: recompute=full with {s.schedule} is not executed (a block recomputed "

@@ -61,7 +61,7 @@ class PipelineStep:
         self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)
         self.runner = PipelineRunner(
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
-            sequence_shards=strategy.tp if strategy.sp else 1,
+            sequence_shards=strategy.tp if strategy.sp else 1, loss_chunk=strategy.loss_chunk,
         )  # fmt: skip
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())

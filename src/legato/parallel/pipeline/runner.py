@@ -34,6 +34,7 @@ from torch import Tensor
 from torch.distributed.tensor import DTensor
 
 from legato.errors import ConfigError
+from legato.memory import chunked_cross_entropy
 from legato.models.attention import attention_override
 from legato.models.slice_attention import PrefixKVCache
 from legato.parallel.pipeline.meter import ActivationMeter
@@ -91,8 +92,9 @@ class PipelineRunner:
     group, or no group at all for a single-rank schedule). ``message_dtype`` is the dtype
     of activations and gradients on the wire (default: the parameters');
     ``sequence_shards`` the ranks a message's tokens are split over (tp under sequence
-    parallelism: each sends its own share). ``measure`` also times every compute action
-    (``stats.action_seconds``, for ``MeasuredCosts``).
+    parallelism: each sends its own share). ``loss_chunk`` > 0: the last stage's loss
+    through the chunked LM head (``legato.memory``; ``loss_fn`` is then not used).
+    ``measure`` also times every compute action (``stats.action_seconds``).
     """
 
     def __init__(
@@ -105,6 +107,7 @@ class PipelineRunner:
         loss_fn: LossFn = token_cross_entropy,
         message_dtype: torch.dtype | None = None,
         sequence_shards: int = 1,
+        loss_chunk: int = 0,
         measure: bool = False,
     ) -> None:
         placement = schedule.placement
@@ -132,7 +135,7 @@ class PipelineRunner:
         param = next(first.parameters())
         self.device, self.dtype = param.device, message_dtype or param.dtype
         self.hidden_size = first.hidden_size
-        self.sequence_shards = sequence_shards
+        self.sequence_shards, self.loss_chunk = sequence_shards, loss_chunk
         self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
@@ -261,9 +264,10 @@ class PipelineRunner:
                 ctx.enter_context(attention_override(cache.attend_fn(j)))
             if defer is not None:
                 ctx.enter_context(defer)
-            out = stage(inp, positions)
             if stage.is_last:
-                out = self.loss_fn(out, self._labels[mb][:, lo:hi]) * self._loss_scale
+                out = self._stage_loss(stage, inp, positions, self._labels[mb][:, lo:hi])
+            else:
+                out = stage(inp, positions)
         if stage.is_last:
             self._loss += out.detach()
         elif self._local(vs + 1):
@@ -272,6 +276,20 @@ class PipelineRunner:
         kept += cache.slice_tensors(j) if cache is not None else []
         held = [self.meter.hold(t) for t in kept]
         self._units[a.unit] = _Unit(x, out, held, defer.records if defer else [])
+
+    def _stage_loss(
+        self, stage: StageModule, inp: Tensor, positions: Tensor, labels: Tensor
+    ) -> Tensor:
+        """The last stage's scaled summed loss: from its logits, or with ``loss_chunk``
+        from its hidden states, the LM head applied a chunk of tokens at a time."""
+        if not self.loss_chunk:
+            return self.loss_fn(stage(inp, positions), labels) * self._loss_scale
+        hidden = stage.hidden_states(inp, positions)
+        loss = chunked_cross_entropy(
+            hidden, stage.output_weight(), labels, chunk_size=self.loss_chunk,
+            ignore_index=IGNORE_INDEX, reduction="sum",
+        )  # fmt: skip
+        return loss * self._loss_scale
 
     def _backward(self, a: Action) -> None:
         stage, (mb, j, vs) = self.stages[a.stage], a.unit

@@ -51,7 +51,14 @@ class StageModule(nn.Module):
         the appliers of ``legato.parallel`` lay out block by block."""
         return self.layers
 
-    def forward(self, x: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    def hidden_states(self, x: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        """The stage's output before the LM head: on the last stage the final-normed
+        hidden states, for a loss that applies the head itself (``loss_chunk``). FSDP2
+        registers it as a forward method, so ``forward`` must not call it (nested root
+        hooks would corrupt the first stage's gradients): both call ``_trunk``."""
+        return self._trunk(x, position_ids)
+
+    def _trunk(self, x: Tensor, position_ids: Tensor | None) -> Tensor:
         if position_ids is None:
             position_ids = torch.arange(x.shape[1], device=x.device).expand(x.shape[0], -1)
         if self.embed_tokens is not None:
@@ -61,12 +68,19 @@ class StageModule(nn.Module):
         rope = self.rotary_emb(position_ids) if self.rotary_emb is not None else None
         for layer in self.layers:
             x = layer(x, rope, None)
-        if self.is_last:
-            x = self.norm(x)
-            if self.lm_head is not None:
-                return self.lm_head(x)
-            return F.linear(x, self.output_embedding.weight)
-        return x
+        return self.norm(x) if self.is_last else x
+
+    def output_weight(self) -> Tensor:
+        """The last stage's LM head weight [V, h] (the embedding when tied)."""
+        return (self.lm_head if self.lm_head is not None else self.output_embedding).weight
+
+    def forward(self, x: Tensor, position_ids: Tensor | None = None) -> Tensor:
+        x = self._trunk(x, position_ids)
+        if not self.is_last:
+            return x
+        if self.lm_head is not None:
+            return self.lm_head(x)
+        return F.linear(x, self.output_weight())
 
 
 def build_stages(

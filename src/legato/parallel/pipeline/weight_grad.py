@@ -78,7 +78,8 @@ class DeferLinearWeightGrads(TorchFunctionMode):
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if func is F.linear:
+        if func is F.linear and torch.is_grad_enabled():  # no graph (a custom Function's
+            # forward, e.g. the chunked loss's): its own backward computes the weight grad
             named = dict(zip(("input", "weight", "bias"), args, strict=False)) | kwargs
             x, weight, bias = named["input"], named["weight"], named.get("bias")
             if _deferrable(weight) and (bias is None or _deferrable(bias)):
