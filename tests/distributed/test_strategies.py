@@ -66,6 +66,7 @@ ROWS = {
     ),
     "moe pp=2 x ep=2 zero=1": ("moe-no-aux", 4, "pp=2,ep=2,zero=1"),
     "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),
+    "pp=2 x cp=2 zero=1": ("dense", 4, "pp=2,cp=2,zero=1"),
     "pp=2 x tp=2 sp svpp": ("dense", 4, "pp=2,tp=2,sp=1,schedule=svpp,slices=2"),
     "pp=2 x tp=2 sp x dp=2 zero=1": ("dense", 8, "pp=2,tp=2,sp=1,dp=2,zero=1"),
 }

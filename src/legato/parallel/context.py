@@ -61,7 +61,7 @@ from torch.nn.attention.bias import causal_lower_right
 from legato.errors import ConfigError
 from legato.models.attention import attention_override, grouped_sdpa
 from legato.models.transformer import Transformer
-from legato.parallel.job import check_context_parallel
+from legato.parallel.job import check_context_parallel, check_context_slices
 from legato.parallel.pipeline.stages import StageModule
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -151,10 +151,7 @@ def apply_context_parallel(
     untouched. Returns None when ``strategy.cp == 1``."""
     if strategy.cp == 1:
         return None
-    if strategy.slices > 1:  # the slices' own attention override would replace ours
-        raise StrategyError(
-            f"strategy.cp: cp={strategy.cp} runs with slices=1 only, got slices={strategy.slices}"
-        )
+    check_context_slices(strategy)
     cp_mesh = mesh["cp"]
     if cp_mesh.size() != strategy.cp:
         raise StrategyError(

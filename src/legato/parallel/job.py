@@ -14,10 +14,10 @@ vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``swap`` and ``loss_chunk``;
 ``pp`` with every schedule of ``legato.schedule``, its stages laid out by the same
-appliers (tp with sp, ep, recompute, swap, loss_chunk; replicas summed by one all-reduce
+appliers (tp with sp, cp, ep, recompute, swap, loss_chunk; replicas summed by one all-reduce
 for zero=0, FSDP2 inside each stage for zero=1/2); ``dtype``, ``mbs``, ``gbs``. What is
 refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models,
-pp combined with cp or zero=3, ep under pp without FSDP2, and the cases in
+pp combined with zero=3, ep under pp without FSDP2, and the cases in
 ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
@@ -211,6 +211,7 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
     the combinations whose pieces cannot hold each other."""
     try:
         check_context_parallel(s.cp, seq_len)
+        check_context_slices(s)
         check_tensor_parallel(spec, s)
     except StrategyError as exc:
         raise StrategyError(f"{where}: {exc}") from None
@@ -218,8 +219,6 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
     if s.sp:
         check_sequence_parallel(s, seq_len, where)
-    if s.pp > 1 and s.cp > 1:
-        raise StrategyError(f"{where}: pp > 1 with cp > 1 is not executed yet")
     if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
         raise StrategyError(
             f"{where}: recompute=full with {s.schedule} is not executed (a block recomputed "
@@ -303,6 +302,15 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
         raise StrategyError(
             f"strategy.tp: tp={strategy.tp} is not executed for {', '.join(why)} yet; "
             f"use tp=1 (dp, cp, pp and zero run every model)"
+        )
+
+
+def check_context_slices(s: Strategy) -> None:
+    """cp > 1 runs whole sequences: a slice-level schedule's own attention over K/V
+    prefixes would replace the context-parallel attention."""
+    if s.cp > 1 and s.slices > 1:
+        raise StrategyError(
+            f"strategy.cp: cp={s.cp} runs with slices=1 only, got slices={s.slices}"
         )
 
 

@@ -36,6 +36,7 @@ from legato.models.transformer import Transformer
 from legato.parallel.fsdp import reduce_after_pipeline
 from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
 from legato.parallel.job import Job, pipeline_schedule
+from legato.parallel.mesh import GRADIENT_DIM, submesh
 from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.process_group import DistContext, all_reduce_flat
@@ -54,6 +55,9 @@ class PipelineStep:
         self.pp_rank = mesh.get_local_rank("pp")
         self.pp_group = mesh.get_group("pp")
         self.dp_group = mesh.get_group("dp") if strategy.dp > 1 else None
+        # the ranks that see other tokens (cp shards too) and sum one weight's gradient
+        many = job.gradient_ranks > 1
+        self.gradient_group = submesh(mesh, GRADIENT_DIM).get_group() if many else None
         self.schedule = job.schedule or pipeline_schedule(strategy)
         self.stages = build_stages(model, self.schedule.placement, self.pp_rank)
         # FSDP2 shards each stage in place: the stages (and the model) keep their modules
@@ -90,14 +94,20 @@ class PipelineStep:
         schedule runs equal micro-batches on every replica."""
         device = self.ctx.device
         inputs, labels = inputs.to(device), labels.to(device)
-        count = (labels != IGNORE_INDEX).sum()
+        count = (labels != IGNORE_INDEX).sum()  # cp ranks hold the same rows: count over dp
         if self.dp_group is not None:
             dist.all_reduce(count, group=self.dp_group)
-        averaged = self.job.strategy.dp if self.sharded else 1  # FSDP2 averages, we sum
+        positions = None
+        context = self.laid_out[0].context
+        if context is not None:  # this rank's zigzag share of each sequence
+            inputs, labels, positions = context.shard(inputs, labels)
+        averaged = self.job.gradient_ranks if self.sharded else 1  # FSDP2 averages, we sum
         scale = averaged / max(int(count), 1)
         with reduce_after_pipeline(self.stages.values()), self.laid_out[0].step_context():
             self._gather()
-            loss = self.runner.step(inputs, labels, loss_scale=scale, sync_tied=False)
+            loss = self.runner.step(
+                inputs, labels, loss_scale=scale, position_ids=positions, sync_tied=False
+            )
         if not self.sharded:
             self._sum_gradients()
         self.runner.sync_tied_embeddings()
@@ -114,15 +124,15 @@ class PipelineStep:
                     module.unshard()
 
     def _sum_gradients(self) -> None:
-        """Sum this rank's gradients over its data-parallel group in one all-reduce."""
-        if self.dp_group is None:
+        """Sum this rank's gradients over its dp x cp group in one all-reduce."""
+        if self.gradient_group is None:
             return
         for p in self.params:
             if p.grad is None:  # every replica must send the same layout
                 p.grad = torch.zeros_like(p)
         # a tensor-parallel gradient is summed shard by shard (dp pairs equal tp ranks)
         grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in self.params]
-        all_reduce_flat(grads, self.dp_group).wait()
+        all_reduce_flat(grads, self.gradient_group).wait()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""

@@ -148,6 +148,7 @@ class PipelineRunner:
         self._cuts: tuple[int, ...] = ()
         self._ids: tuple[Tensor, ...] = ()
         self._labels: tuple[Tensor, ...] = ()
+        self._positions: tuple[Tensor, ...] = ()
         self._loss_scale = 1.0
         self._loss = torch.zeros(())
         self._handlers = {
@@ -178,13 +179,15 @@ class PipelineRunner:
         labels: Tensor,
         *,
         loss_scale: float | None = None,
+        position_ids: Tensor | None = None,
         sync_tied: bool = True,
     ) -> Tensor | None:
         """Run one schedule over the batch ``input_ids``/``labels`` [B, S] (the same on every
         rank); B is cut into the schedule's micro-batches, S into its slices. Returns the
         loss (a detached scalar) on the rank holding the last stage, else ``None``.
-        ``sync_tied=False`` leaves ``sync_tied_embeddings`` to the caller (after it reduced
-        the gradients over data parallelism)."""
+        ``position_ids`` [B, S]: the tokens' true positions when they are not ``0..S-1``
+        (a context-parallel shard). ``sync_tied=False`` leaves ``sync_tied_embeddings``
+        to the caller (after it reduced the gradients over data parallelism)."""
         s = self.schedule
         if input_ids.shape != labels.shape or input_ids.dim() != 2:
             raise ConfigError(
@@ -199,6 +202,9 @@ class PipelineRunner:
         self._cuts = token_bounds(s.slice_bounds, seq)
         self._ids = input_ids.to(self.device).chunk(s.microbatches)
         self._labels = labels.to(self.device).chunk(s.microbatches)
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=self.device).expand(batch, -1)
+        self._positions = position_ids.to(self.device).chunk(s.microbatches)
         if loss_scale is None:
             loss_scale = 1.0 / max(int((labels != IGNORE_INDEX).sum()), 1)
         self._loss_scale = loss_scale
@@ -253,7 +259,7 @@ class PipelineRunner:
             x, inp = None, self._ids[mb][:, lo:hi]
         else:
             x = inp = self._inbox.pop(("F", mb, vs, j)).detach().requires_grad_()
-        positions = torch.arange(lo, hi, device=self.device).expand(inp.shape[0], -1)
+        positions = self._positions[mb][:, lo:hi]
         cache = None
         if self.schedule.slices > 1:
             cache = self._caches.setdefault((mb, vs), PrefixKVCache(self.schedule.slices))
