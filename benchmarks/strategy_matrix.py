@@ -40,14 +40,17 @@ MATRIX: dict[str, dict[int, list[str]]] = {
     "tiny": {
         1: ["", "recompute=selective", "recompute=full", "mbs=2", "loss_chunk=128"],
         2: ["zero=0", "zero=1", "zero=2", "zero=3", "tp=2", "tp=2,sp=1", "cp=2",
-            "pp=2,schedule=1f1b", "pp=2,schedule=gpipe", "zero=3,recompute=full"],
+            "pp=2,schedule=1f1b", "pp=2,schedule=gpipe", "zero=3,recompute=full",
+            "pp=2,schedule=zb-h1,recompute=selective", "pp=2,swap=1"],
         4: ["dp=4,mbs=3", "dp=4,mbs=3,zero=1", "tp=2,dp=2,mbs=3,zero=3",
-            "pp=2,dp=2,mbs=3,zero=0", "cp=2,dp=2,mbs=3", "tp=2,cp=2,mbs=3,zero=3"],
+            "pp=2,dp=2,mbs=3,zero=0", "cp=2,dp=2,mbs=3", "tp=2,cp=2,mbs=3,zero=3",
+            "pp=2,dp=2,mbs=3,zero=1", "pp=2,tp=2,sp=1,mbs=3", "pp=2,cp=2,mbs=3,zero=1"],
     },
     "tiny-moe": {
         1: ["", "recompute=full"],
         2: ["zero=3", "zero=0", "ep=2,zero=3", "pp=2,schedule=1f1b"],
-        4: ["dp=4,mbs=3", "ep=4,dp=4,mbs=3,zero=3", "pp=2,dp=2,mbs=3,zero=0"],
+        4: ["dp=4,mbs=3", "ep=4,dp=4,mbs=3,zero=3", "pp=2,dp=2,mbs=3,zero=0",
+            "pp=2,ep=2,dp=2,mbs=3,zero=1"],
     },
 }  # fmt: skip
 QUICK = {"tiny": {1: ["", "recompute=full"], 2: ["zero=3", "tp=2", "cp=2"]}}

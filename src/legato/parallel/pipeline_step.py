@@ -2,24 +2,28 @@
 
 Every process builds the full seeded model (so any layout starts from the same weights),
 keeps the virtual stages its pipeline rank holds (``build_stages``), lays each stage out
-with ``parallelize`` (FP8, recompute, FSDP2: the same appliers as a whole model) and runs
-the strategy's schedule on them with ``PipelineRunner`` over the ``"pp"`` dimension of the
-run mesh. One step, for this rank's data-parallel replica (``gbs / dp`` rows, cut by the
-runner into ``m = gbs / (mbs * dp)`` micro-batches):
+with ``parallelize`` (the appliers of a whole model: FP8, TP/SP, CP, EP, recompute,
+FSDP2, swap) and runs the strategy's schedule on them with ``PipelineRunner`` over the
+``"pp"`` dimension of the run mesh, which pairs ranks of equal dp, cp and tp index. One
+step, for this rank's data-parallel replica (``gbs / dp`` rows, cut by the runner into
+``m = gbs / (mbs * dp)`` micro-batches; under cp each rank runs its zigzag share of every
+row, at its true positions):
 
-* each token's loss is scaled so the units of all replicas sum to the global mean loss:
-  1 / (label tokens in the *global* batch), times ``dp`` under FSDP2, which averages;
-* gradients over ``"dp"``: with ``zero=0`` summed by one flat all-reduce after the step
-  (DDP's hooks never fire: the runner takes gradients with ``torch.autograd.grad`` and
-  its own deferred weight-gradient GEMMs); with ``zero=1/2`` each stage is FSDP2-sharded,
-  its parameters are gathered once at the start of the step and kept whole to its end,
-  and its gradients are reduce-scattered once after the last micro-batch
-  (``fsdp.reduce_after_pipeline``), then the parameters are resharded. The optimizer
-  states (and, between steps, parameters and gradients) are this rank's shard only;
+* each token's loss is scaled so the units of all ranks sum to the global mean loss:
+  1 / (label tokens in the *global* batch), times ``dp * cp`` under FSDP2, which averages;
+* gradients over ``"dp_cp"``: with ``zero=0`` summed by one flat all-reduce after the
+  step (DDP's hooks never fire: the runner takes gradients with ``torch.autograd.grad``
+  and its own deferred weight-gradient GEMMs; a tensor-parallel gradient is summed shard
+  by shard); with ``zero=1/2`` each stage is FSDP2-sharded, its parameters are gathered
+  once at the start of the step and kept whole to its end, and its gradients are
+  reduce-scattered once after the last micro-batch (``fsdp.reduce_after_pipeline``), then
+  the parameters are resharded. The optimizer states (and, between steps, parameters and
+  gradients) are this rank's shard only;
 * a tied embedding (held by the first and the last stage) gets the sum of both copies'
   gradients after that reduction, and the gradient norm for clipping is global: squared
   norms all-reduced over ``"pp"``, the tied matrix counted once, by its first stage;
-* the logged loss is the last stages' losses summed over every rank (the others add 0).
+* the logged loss is the last stages' losses summed over every rank (the others add 0),
+  divided by the tp ranks that each hold it.
 """
 
 from __future__ import annotations
