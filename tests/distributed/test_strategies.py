@@ -59,6 +59,7 @@ ROWS = {
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
     "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
+    "pp=2 x dp=2 zero=3 zb-h1": ("dense", 4, "pp=2,zero=3,schedule=zb-h1,recompute=selective"),
     "pp=2 x dp=2 zero=2 tied loss_chunk": (
         "tied",
         4,

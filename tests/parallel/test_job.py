@@ -110,7 +110,6 @@ RESOLVE_ERRORS = [
     ("pp=2,schedule=zb-v,vpp=4", 2, ConfigError, "zb-v has exactly 2 chunks per rank"),
     ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
     ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
-    ("pp=2,dp=2,zero=3", 4, StrategyError, "zero=3 with pp > 1 is not executed"),
     ("pp=2,schedule=zb-h1,recompute=full", 2, StrategyError, "recompute=full with zb-h1"),
     ("pp=2,cp=2,schedule=seq1f1b,slices=2", 4, StrategyError, "runs with slices=1 only"),
     ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap yet"),

@@ -15,9 +15,9 @@ vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``swap`` and ``loss_chunk``;
 ``pp`` with every schedule of ``legato.schedule``, its stages laid out by the same
 appliers (tp with sp, cp, ep, recompute, swap, loss_chunk; replicas summed by one all-reduce
-for zero=0, FSDP2 inside each stage for zero=1/2); ``dtype``, ``mbs``, ``gbs``. What is
+for zero=0, FSDP2 inside each stage for zero 1-3); ``dtype``, ``mbs``, ``gbs``. What is
 refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models,
-pp combined with zero=3, ep under pp without FSDP2, and the cases in
+ep under pp without FSDP2, and the cases in
 ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
@@ -227,11 +227,6 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
             f"({', '.join(k for k, v in SCHEDULE_KINDS.items() if not v.split_backward)})"
         )
     data_parallel = s.dp * s.cp > 1
-    if s.pp > 1 and data_parallel and s.zero == 3:
-        raise StrategyError(
-            f"{where}: zero=3 with pp > 1 is not executed (a stage's parameters stay "
-            f"gathered for the whole pipeline step); use zero=1 or 2, or 0"
-        )
     if s.pp > 1 and data_parallel and s.zero and spec.tied_embeddings and _folded(s):
         raise StrategyError(
             f"{where}: zero={s.zero} with tied_embeddings under {s.schedule} (one rank holds "

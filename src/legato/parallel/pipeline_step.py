@@ -18,7 +18,8 @@ row, at its true positions):
   once at the start of the step and kept whole to its end, and its gradients are
   reduce-scattered once after the last micro-batch (``fsdp.reduce_after_pipeline``), then
   the parameters are resharded. The optimizer states (and, between steps, parameters and
-  gradients) are this rank's shard only;
+  gradients) are this rank's shard only. ``zero=3`` also reshards each block after every
+  micro-batch's forward and gathers the stage again around its B (``_gathered``);
 * a tied embedding (held by the first and the last stage) gets the sum of both copies'
   gradients after that reduction, and the gradient norm for clipping is global: squared
   norms all-reduced over ``"pp"``, the tied matrix counted once, by its first stage;
@@ -28,7 +29,8 @@ row, at its true positions):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 
 import torch
 import torch.distributed as dist
@@ -70,6 +72,7 @@ class PipelineStep:
         self.runner = PipelineRunner(
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
             sequence_shards=strategy.tp if strategy.sp else 1, loss_chunk=strategy.loss_chunk,
+            gathered=self._gathered if self.sharded and strategy.zero == 3 else None,
         )  # fmt: skip
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())
@@ -121,11 +124,24 @@ class PipelineStep:
 
     def _gather(self) -> None:
         """All-gather every FSDP2 group of the stages once, before the first forward: the
-        runner asks autograd for the gradients of the parameters the stages hold *now*."""
+        runner asks autograd for the gradients of the parameters the stages hold *now*
+        (under ZeRO-3 the blocks reshard after each forward, and ``_gathered`` brings them
+        back for each backward)."""
         for stage in self.stages.values():
-            for module in stage.modules():
-                if isinstance(module, FSDPModule):
-                    module.unshard()
+            _unshard(stage)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def _gathered(stage: nn.Module) -> Iterator[None]:
+        """ZeRO-3: one micro-batch's B with the stage's parameters gathered, the same
+        parameter objects its forward used (FSDP2 keeps them), resharded after it.
+        Gradients stay whole until the step's one reduce-scatter, as in torch's own
+        pipelining with ``reshard_after_forward``."""
+        _unshard(stage)
+        yield
+        for module in stage.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def _sum_gradients(self) -> None:
         """Sum this rank's gradients over its dp x cp group in one all-reduce."""
@@ -145,3 +161,9 @@ class PipelineStep:
         total = squared.sqrt()
         clip_to_norm(self.params, max_norm, total)
         return float(total)
+
+
+def _unshard(stage: nn.Module) -> None:
+    for module in stage.modules():
+        if isinstance(module, FSDPModule):
+            module.unshard()

@@ -94,6 +94,8 @@ class PipelineRunner:
     ``sequence_shards`` the ranks a message's tokens are split over (tp under sequence
     parallelism: each sends its own share). ``loss_chunk`` > 0: the last stage's loss
     through the chunked LM head (``legato.memory``; ``loss_fn`` is then not used).
+    ``gathered(stage)``: entered around each B, so that the stage holds the parameters its
+    forward used (FSDP2 resharded after forward gathers them again; ZeRO-3).
     ``measure`` also times every compute action (``stats.action_seconds``).
     """
 
@@ -108,6 +110,7 @@ class PipelineRunner:
         message_dtype: torch.dtype | None = None,
         sequence_shards: int = 1,
         loss_chunk: int = 0,
+        gathered: Callable[[StageModule], contextlib.AbstractContextManager] | None = None,
         measure: bool = False,
     ) -> None:
         placement = schedule.placement
@@ -136,6 +139,7 @@ class PipelineRunner:
         self.device, self.dtype = param.device, message_dtype or param.dtype
         self.hidden_size = first.hidden_size
         self.sequence_shards, self.loss_chunk = sequence_shards, loss_chunk
+        self.gathered = gathered or (lambda _stage: contextlib.nullcontext())
         self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
@@ -309,9 +313,10 @@ class PipelineRunner:
             grads += extra_grad
             leaves = cache.prefix_leaves(j)
         skip = deferred_params(unit.records)
-        params = [p for p in stage.parameters() if p.requires_grad and id(p) not in skip]
-        inputs = ([unit.x] if unit.x is not None else []) + leaves + params
-        result = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
+        with self.gathered(stage):
+            params = [p for p in stage.parameters() if p.requires_grad and id(p) not in skip]
+            inputs = ([unit.x] if unit.x is not None else []) + leaves + params
+            result = torch.autograd.grad(outputs, inputs, grads, allow_unused=True)
         if unit.x is not None:
             dx = result[0]
             if dx is None:
