@@ -70,6 +70,8 @@ ROWS = {
     "pp=2 x cp=2 zero=1": ("dense", 4, "pp=2,cp=2,zero=1"),
     "pp=2 x tp=2 sp svpp": ("dense", 4, "pp=2,tp=2,sp=1,schedule=svpp,slices=2"),
     "pp=2 x tp=2 sp x dp=2 zero=1": ("dense", 8, "pp=2,tp=2,sp=1,dp=2,zero=1"),
+    "tp=2x2 sp": ("dense", 4, "tp=2x2,sp=1"),
+    "pp=2 x tp=2x2 zb-h1": ("dense", 8, "pp=2,tp=2x2,schedule=zb-h1"),
 }
 
 

@@ -113,7 +113,6 @@ RESOLVE_ERRORS = [
     ("pp=2,schedule=zb-h1,recompute=full", 2, StrategyError, "recompute=full with zb-h1"),
     ("pp=2,cp=2,schedule=seq1f1b,slices=2", 4, StrategyError, "runs with slices=1 only"),
     ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap yet"),
-    ("tp=2x2", 4, StrategyError, "not executed for 2-D tensor parallelism"),
 ]
 
 
@@ -156,6 +155,13 @@ def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank()
     assert v_schedule.job(SPEC, 4).strategy.zero == 1  # untied: two stages, two FSDP2 roots
     interleaved = "--parallel.strategy=pp=2,dp=2,zero=2,schedule=interleaved,vpp=2"
     assert load_config(None, [interleaved, *batch]).job(tied, 4).strategy.zero == 2
+
+
+def test_two_dimensional_tensor_parallel_refuses_block_math_its_layout_lacks() -> None:
+    config = load_config(None, ["--parallel.strategy=tp=2x2,sp=1"])
+    assert config.job(SPEC, 4).strategy.tp_y == 2
+    with pytest.raises(StrategyError, match=r"2-D tensor parallelism \(tp_y > 1\) of biases"):
+        config.job(replace(SPEC, bias=True), 4)
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,11 @@ vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
 ``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
 ``dp x cp`` ranks); ``recompute`` (selective or full); ``swap`` and ``loss_chunk``;
 ``pp`` with every schedule of ``legato.schedule``, its stages laid out by the same
-appliers (tp with sp, cp, ep, recompute, swap, loss_chunk; replicas summed by one all-reduce
-for zero=0, FSDP2 inside each stage for zero 1-3); ``dtype``, ``mbs``, ``gbs``. What is
-refused, each with its reason: ``etp``, 2-D tp, tp on MoE / MLA / tied-embedding models,
-ep under pp without FSDP2, and the cases in
+appliers (tp with sp, cp, ep, recompute, swap, loss_chunk; replicas summed by one
+all-reduce for zero=0, FSDP2 inside each stage for zero 1-3); 2-D tp (``tp=AxB``, the
+planner's layout run op by op); ``dtype``, ``mbs``, ``gbs``. What is refused, each with
+its reason: ``etp``, tp on MoE / MLA / tied-embedding models, 2-D tp of block math its
+layout ops do not implement, ep under pp without FSDP2, and the cases in
 ``_check_runtime``. The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
@@ -287,7 +288,9 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
         "MLA attention": spec.mla is not None,
         "tied_embeddings": spec.tied_embeddings,
         "position = 'learned' with sp": spec.position == "learned" and strategy.sp,
-        "2-D tensor parallelism (tp_y > 1)": strategy.tp_y > 1,
+        "2-D tensor parallelism (tp_y > 1) of biases, qk_norm, LayerNorm or learned "
+        "positions": strategy.tp_y > 1
+        and (spec.bias or spec.qk_norm or spec.norm != "rmsnorm" or spec.position != "rope"),
         "dtype=fp8": strategy.dtype == "fp8",
         "swap": strategy.swap,
         "loss_chunk > 0": strategy.loss_chunk > 0,

@@ -3,8 +3,9 @@
 One applier per file of ``legato.parallel``, applied in this order, each for a reason:
 
 1. FP8 (``fp8``): swaps module classes in place, so everything after sees FP8 linears.
-2. TP / SP (``tensor``): turns weights into DTensors on ``mesh["tp"]``; FSDP2 then shards
-   those DTensors over the data-parallel ranks (2-D, as torchtitan does).
+2. TP / SP (``tensor``, or ``tensor_2d`` for ``tp=AxB``): turns weights into DTensors on
+   the tp ranks; FSDP2 then shards those DTensors over the data-parallel ranks (as
+   torchtitan does).
 3. CP (``context``): replaces the attention core; parameters are untouched.
 4. EP (``expert``): the stacked expert weights become DTensors on the EP ranks, which the
    data-parallel applier must then leave alone.
@@ -38,6 +39,7 @@ from legato.parallel.job import Job
 from legato.parallel.recompute import apply_recompute
 from legato.parallel.swap import apply_swap
 from legato.parallel.tensor import apply_tensor
+from legato.parallel.tensor_2d import apply_tensor_2d
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
 
@@ -74,7 +76,9 @@ def parallelize(
     s = job.strategy
     sharded = s.zero >= 2 and job.gradient_ranks > 1 and s.pp == 1
     apply_fp8(model, job.dtype, all_gather=fp8_all_gather and sharded)
-    if s.tp > 1:
+    if s.tp_y > 1:
+        apply_tensor_2d(model, s, mesh)
+    elif s.tp > 1:
         apply_tensor(model, s, mesh)
     context = apply_context_parallel(model, s, mesh) if s.cp > 1 else None
     ignored = apply_expert(model, s, mesh) if s.ep > 1 else None
@@ -86,7 +90,7 @@ def parallelize(
     if job.gradient_ranks > 1 and (s.zero or s.pp == 1):
         module = apply_data_parallel(model, s, mesh, param_dtype=low, ignored_params=ignored)
     out = Parallelized(module, context=context)
-    if s.tp > 1:  # the logits stay split on the vocabulary
+    if s.tp > 1 and s.tp_y == 1:  # the logits stay split on the vocabulary
         out.contexts.append(loss_parallel)
     if context is not None:
         out.contexts.append(context.sharded)
