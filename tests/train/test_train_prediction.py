@@ -17,6 +17,8 @@ from legato.cost.calibration import CALIBRATION
 from legato.cost.runtime import Runtime
 from legato.cost.training_step import predict
 from legato.specs import load_cluster
+from legato.specs.strategy import Strategy
+from legato.train import prediction
 from legato.train.auto_strategy import plan_run
 from legato.train.config import load_config, resolve_model
 from legato.train.metrics import read_metrics, step_records
@@ -113,3 +115,25 @@ def test_plan_writes_a_config_that_trains(
     _train([str(out), *overrides, "--model.overrides={num_layers = 1}"], capsys)
     ran = json.loads((run / "invocations.jsonl").read_text().splitlines()[0])["config"]
     assert ran["parallel"]["strategy"] == config.parallel.strategy
+
+
+@pytest.mark.parametrize(("cores", "nproc", "speedup"), [(2, 1, 1.0), (2, 2, 1.0), (2, 4, 2.0),
+                                                         (2, 8, 2.0), (16, 4, 1.0)])  # fmt: skip
+def test_bubble_lends_cores_only_where_processes_share_them(monkeypatch, cores, nproc, speedup):
+    monkeypatch.setattr(prediction, "host_cores", lambda: cores)
+    monkeypatch.setattr(prediction, "threads_per_process", lambda n: max(1, cores // n))
+    assert prediction.shared_host_bubble_speedup(nproc) == speedup
+
+
+def test_a_faster_bubble_shortens_the_step_by_what_it_saves() -> None:
+    """bubble_speedup divides the pipeline's bubble and nothing else."""
+    cluster = load_cluster("dgx-h100", nodes=1)
+    spec = resolve_model(load_config(None, []).model)
+    pipeline = Strategy(pp=2, dp=4, mbs=1, gbs=8)
+    slow = predict(spec, cluster, pipeline)
+    fast = predict(spec, cluster, pipeline, runtime=Runtime(bubble_speedup=2.0))
+    assert slow.breakdown["bubble_s"] > 0
+    assert fast.breakdown["bubble_s"] == pytest.approx(slow.breakdown["bubble_s"] / 2)
+    saved = slow.breakdown["bubble_s"] / 2
+    assert fast.step_time_s == pytest.approx(slow.step_time_s - saved)
+    assert fast.breakdown["compute_s"] == slow.breakdown["compute_s"]

@@ -74,7 +74,8 @@ def _add_target(parser: argparse.ArgumentParser, required: bool) -> None:
         "fused_elementwise (0/1), grad_reduce_bytes (2 or 4: fp32 reductions, as FSDP "
         "mixed precision's default), loss_bytes (4: fp32 loss, 2: in bf16), "
         "tp_comm_overlap (0/1: comm-GEMM overlap), per_microbatch_sync (0/1: ZeRO-1/2 sync "
-        "every micro-batch, as FSDP1 SHARD_GRAD_OP), host_link_gbps; "
+        "every micro-batch, as FSDP1 SHARD_GRAD_OP), host_link_gbps, bubble_speedup "
+        "(>= 1: busy ranks run faster in the bubble, CPU hosts sharing cores); "
         "default: a current PyTorch stack (flash attention, no dropout, fused "
         "elementwise, reduce in the training dtype, fp32 loss)",
     )

@@ -37,7 +37,11 @@ class Runtime:
     run chunked under the GEMMs next to them (Megatron/Transformer Engine comm-GEMM
     overlap), so they hide behind the blocks' non-attention compute instead of stalling
     it. ``per_microbatch_sync``: ZeRO-1/2 gather the weights and reduce-scatter the
-    gradients every micro-batch (FSDP1's SHARD_GRAD_OP) instead of once per step."""
+    gradients every micro-batch (FSDP1's SHARD_GRAD_OP) instead of once per step.
+    ``bubble_speedup``: how much faster the busy ranks run while the pipeline bubble idles
+    the others, which the bubble's length is divided by: 1 where every rank owns its
+    device; above 1 on a host whose processes share cores (more processes than cores),
+    where an idle rank's share of the cores goes to the busy ones."""
 
     flash_attention: bool = True
     dropout: bool = False
@@ -47,6 +51,7 @@ class Runtime:
     loss_bytes: int = 4
     tp_comm_overlap: bool = False
     per_microbatch_sync: bool = False
+    bubble_speedup: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -80,6 +85,8 @@ def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -
             raise ConfigError(f"{where}.{key}: must be 2 (bf16/fp16) or 4 (fp32), got {value}")
     if not runtime.host_link_gbps > 0:
         raise ConfigError(f"{where}.host_link_gbps: must be > 0, got {runtime.host_link_gbps}")
+    if not runtime.bubble_speedup >= 1:
+        raise ConfigError(f"{where}.bubble_speedup: must be >= 1, got {runtime.bubble_speedup}")
     return runtime
 
 

@@ -73,8 +73,10 @@ def predict(
         slowest.t_w,
         strategy.memory_cap,
     )
+    bubble = pipe.bubble_s / ctx.runtime.bubble_speedup
     dp_device = max(steps.values(), key=lambda x: sum(x.exposed_step.values()) + x.optimizer_s)
-    step = pipe.total_s + sum(dp_device.exposed_step.values()) + dp_device.optimizer_s
+    step = pipe.total_s - pipe.bubble_s + bubble
+    step += sum(dp_device.exposed_step.values()) + dp_device.optimizer_s
 
     exposed = {axis: m * t for axis, t in slowest.exposed_mb.items()}
     exposed.update(dp_device.exposed_step)
@@ -93,7 +95,7 @@ def predict(
     breakdown = {
         "compute_s": m * slowest.compute_mb,
         "recompute_s": m * slowest.recompute_mb,
-        "bubble_s": pipe.bubble_s,
+        "bubble_s": bubble,
         "optimizer_s": dp_device.optimizer_s,
         "exposed_comm_s": {axis: t for axis, t in exposed.items() if t > 0},
         "comm_s": comm,

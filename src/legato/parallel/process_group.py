@@ -138,13 +138,22 @@ def resolve_device(kind: str, local_rank: int = 0, where: str = "train.device") 
     return torch.device("cuda", local_rank % torch.cuda.device_count())
 
 
+def host_cores() -> int:
+    """The cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def threads_per_process(local_world_size: int) -> int:
+    """This host's cores split between its processes (at least one thread each)."""
+    return max(1, host_cores() // max(1, local_world_size))
+
+
 def set_threads(local_world_size: int) -> int:
     """Split this host's cores between its processes so they do not oversubscribe."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        cores = os.cpu_count() or 1
-    threads = max(1, cores // max(1, local_world_size))
+    threads = threads_per_process(local_world_size)
     torch.set_num_threads(threads)
     return threads
 

@@ -12,7 +12,9 @@ Which machine (``parallel.cluster``):
   ``$LEGATO_CACHE_DIR`` (default ``~/.cache/legato``) ``/calibration/``. The measured
   rates are achieved rates (no efficiency on top), gloo computes and communicates with the
   same cores (no overlap), and PyTorch's CPU kernels are eager (``fused_elementwise``
-  off): the settings ``benchmarks/local_truth.py`` checks. The fixed memory of a
+  off): the settings ``benchmarks/local_truth.py`` checks. Where the processes outnumber
+  the cores, a pipeline bubble lends the idle ranks' cores to the busy ones
+  (``shared_host_bubble_speedup``). The fixed memory of a
   process is its resident set when the prediction is made (``_resident_gib``);
 * ``"none"``: no prediction;
 * ``""`` on a GPU: the node preset of that GPU (``hgx-h200`` for an H200, ...) with the
@@ -33,6 +35,7 @@ from legato.cost.prediction import Prediction
 from legato.cost.runtime import Runtime
 from legato.cost.training_step import predict
 from legato.parallel.job import Job
+from legato.parallel.process_group import host_cores, threads_per_process
 from legato.specs import load_cluster
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
@@ -98,11 +101,15 @@ def resolve_machine(cluster: str, nproc: int, device_type: str) -> Machine | Non
         measured = calibration is not None
         if measured and device_type == "cpu":
             calibration = replace(calibration, framework_gib=_resident_gib())
+        host = measured and device_type == "cpu"
         return Machine(
             load_cluster(cluster),
             calibration or CALIBRATION,
             overlap=not measured,
-            runtime=Runtime(fused_elementwise=not measured),
+            runtime=Runtime(
+                fused_elementwise=not measured,
+                bubble_speedup=shared_host_bubble_speedup(nproc) if host else 1.0,
+            ),
             source=cluster,
         )
     if device_type == "cuda":
@@ -123,6 +130,16 @@ def resolve_machine(cluster: str, nproc: int, device_type: str) -> Machine | Non
     if not path.is_file():
         return None
     return resolve_machine(str(path), nproc, device_type)
+
+
+def shared_host_bubble_speedup(nproc: int) -> float:
+    """``Runtime.bubble_speedup`` of ``nproc`` training processes on this host. Their
+    calibration measured every process busy at once; in a pipeline bubble about half the
+    ranks are busy (the fill and drain of 1F1B), and while processes outnumber cores each
+    busy one then takes up to its own thread count in cores: ``threads * nproc / cores``,
+    at most 2 (half the ranks busy), at least 1 (no shared cores, nothing to take)."""
+    shared = threads_per_process(nproc) * nproc / host_cores()
+    return max(1.0, min(shared, 2.0))
 
 
 def _resident_gib() -> float:
