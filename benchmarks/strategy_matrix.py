@@ -69,8 +69,6 @@ def train(model: str, nproc: int, strategy: str, steps: int, run_dir: Path, devi
         f"--run.dir={run_dir}",
         f"--train.device={device}",
     ]
-    if "pp=" in strategy and model == "tiny-moe":  # the pipeline adds no load-balance loss
-        command.append("--train.moe_aux_loss_coef=0")
     proc = subprocess.run(command, capture_output=True, text=True, timeout=1800)
     if proc.returncode != 0:
         return {"error": proc.stderr.strip().splitlines()[-1] if proc.stderr else "failed"}

@@ -32,14 +32,7 @@ MOE = "{num_layers = 2, hidden_size = 64, num_heads = 2, num_kv_heads = 2, vocab
 # 4 layers (pp=2 x vpp=2), the embedding tied to the LM head: a copy on the first and the
 # last stage, each FSDP2-sharded over its own data-parallel group
 TIED = DENSE.replace("num_layers = 3", "num_layers = 4").replace("}", ", tied_embeddings = true}")
-# model -> (preset, overrides, further arguments); the pipeline runtime adds no MoE
-# load-balance loss, so its MoE reference has none either
-MODELS = {
-    "dense": ("tiny", DENSE, ()),
-    "tied": ("tiny", TIED, ()),
-    "moe": ("tiny-moe", MOE, ()),
-    "moe-no-aux": ("tiny-moe", MOE, ("--train.moe_aux_loss_coef=0",)),
-}
+MODELS = {"dense": ("tiny", DENSE), "tied": ("tiny", TIED), "moe": ("tiny-moe", MOE)}
 # row id -> (model, world size, strategy)
 ROWS = {
     "zero=0": ("dense", 2, "zero=0"),
@@ -56,6 +49,7 @@ ROWS = {
     "pp=2 zb-h1 recompute=selective": ("dense", 2, "pp=2,schedule=zb-h1,recompute=selective"),
     "pp=2 zb-h1 swap": ("dense", 2, "pp=2,schedule=zb-h1,swap=1"),
     "moe ep=2": ("moe", 2, "ep=2"),
+    "moe pp=2 zb-h1": ("moe", 2, "pp=2,schedule=zb-h1"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
     "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
@@ -65,7 +59,7 @@ ROWS = {
         4,
         "pp=2,zero=2,schedule=interleaved,vpp=2,loss_chunk=16",
     ),
-    "moe pp=2 x ep=2 zero=1": ("moe-no-aux", 4, "pp=2,ep=2,zero=1"),
+    "moe pp=2 x ep=2 zero=1": ("moe", 4, "pp=2,ep=2,zero=1"),
     "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),
     "pp=2 x cp=2 zero=1": ("dense", 4, "pp=2,cp=2,zero=1"),
     "pp=2 x tp=2 sp svpp": ("dense", 4, "pp=2,tp=2,sp=1,schedule=svpp,slices=2"),
@@ -76,13 +70,12 @@ ROWS = {
 
 
 def _args(small_train_args, run: Path, model: str, *extra: str) -> list[str]:
-    preset, overrides, more = MODELS[model]
+    preset, overrides = MODELS[model]
     return small_train_args(
         run,
         f"--model.preset={preset}",
         f"--model.overrides={overrides}",
         "--train.micro_batch_size=2",
-        *more,
         *extra,
     )
 

@@ -20,6 +20,7 @@ from legato.models.moe import MoE
 from legato.models.norms import build_norm
 from legato.models.rope import RotaryEmbedding
 from legato.models.weight_init import init_weights
+from legato.moe.layer import moe_aux_loss
 from legato.specs.model import ModelSpec
 
 
@@ -136,8 +137,7 @@ class Transformer(nn.Module):
 
     def moe_aux_loss(self) -> Tensor | None:
         """Sum of the last forward's load-balance losses over MoE layers (None if dense)."""
-        losses = [m.last_aux_loss for m in self.moe_layers() if m.last_aux_loss is not None]
-        return torch.stack(losses).sum() if losses else None
+        return moe_aux_loss(self)
 
 
 def build_model(

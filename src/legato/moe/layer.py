@@ -9,6 +9,7 @@ default; :func:`legato.parallel.expert.apply_expert_parallel` sets ``ep`` and ``
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor, nn
 
 from legato.moe.chunked_overlap import Overlap, routed_experts
@@ -70,3 +71,10 @@ class MoELayer(nn.Module):
 def moe_layers(model: nn.Module) -> list[MoELayer]:
     """Every MoE layer of ``model``, in module order."""
     return [m for m in model.modules() if isinstance(m, MoELayer)]
+
+
+def moe_aux_loss(model: nn.Module) -> Tensor | None:
+    """The sum of the last forward's load-balance losses over the MoE layers of ``model``
+    (a whole model or a pipeline stage); None when none ran."""
+    losses = [m.last_aux_loss for m in moe_layers(model) if m.last_aux_loss is not None]
+    return torch.stack(losses).sum() if losses else None

@@ -52,7 +52,9 @@ class PipelineStep:
     """This rank's laid-out stages of ``model``, their runner and the collectives around
     a step."""
 
-    def __init__(self, model: Transformer, job: Job, ctx: DistContext) -> None:
+    def __init__(
+        self, model: Transformer, job: Job, ctx: DistContext, aux_loss_coef: float = 0.0
+    ) -> None:
         mesh = ctx.mesh
         if mesh is None or "pp" not in (mesh.mesh_dim_names or ()):
             raise RuntimeError("PipelineStep needs the run mesh of parallel.mesh.build_mesh")
@@ -69,10 +71,15 @@ class PipelineStep:
         # FSDP2 shards each stage in place: the stages (and the model) keep their modules
         self.laid_out = [parallelize(stage, job, mesh) for stage in self.stages.values()]
         self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)
+        # the load-balance loss averaged over every unit (micro-batch x slice) and, where
+        # the gradients are summed rather than averaged, over the dp x cp ranks
+        units = self.schedule.microbatches * self.schedule.slices
+        units *= 1 if self.sharded else job.gradient_ranks
         self.runner = PipelineRunner(
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
             sequence_shards=strategy.tp if strategy.sp else 1, loss_chunk=strategy.loss_chunk,
             gathered=self._gathered if self.sharded and strategy.zero == 3 else None,
+            aux_loss_scale=aux_loss_coef / units,
         )  # fmt: skip
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())

@@ -297,11 +297,6 @@ class TrainConfig:
             dtype=self.train.dtype,
             seq_len=self.data.seq_len or spec.seq_len,
         )
-        if job.strategy.pp > 1 and spec.is_moe and self.train.moe_aux_loss_coef > 0:
-            raise ConfigError(
-                "train.moe_aux_loss_coef: the pipeline runtime does not add the MoE "
-                "load-balance loss yet; set it to 0 or use pp = 1"
-            )
         split = self.train.batch_split
         if split and job.strategy.pp > 1:
             raise ConfigError(

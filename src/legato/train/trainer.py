@@ -245,7 +245,7 @@ class Trainer:
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
         self.num_params = sum(p.numel() for p in model.parameters())
         if job.strategy.pp > 1:
-            self.step = PipelineStep(model, job, ctx)
+            self.step = PipelineStep(model, job, ctx, cfg.train.moe_aux_loss_coef)
             self.model = model  # the full model: its parameter names key the checkpoint
             self.evaluated = self.swap = None
         else:

@@ -37,6 +37,7 @@ from legato.errors import ConfigError
 from legato.memory import chunked_cross_entropy
 from legato.models.attention import attention_override
 from legato.models.slice_attention import PrefixKVCache
+from legato.moe.layer import moe_aux_loss
 from legato.parallel.pipeline.meter import ActivationMeter
 from legato.parallel.pipeline.p2p import P2P
 from legato.parallel.pipeline.stages import StageModule
@@ -80,6 +81,7 @@ class _Unit:
     out: Tensor | None  # hidden states, or the scaled loss on the last stage
     held: list[Any]  # meter handles of what the unit keeps until its backward
     records: list[LinearGrad]
+    aux: Tensor | None = None  # the scaled MoE load-balance loss of the unit's forward
     groups: list[list[LinearGrad]] = field(default_factory=list)
     w_left: int = 0
 
@@ -96,6 +98,8 @@ class PipelineRunner:
     through the chunked LM head (``legato.memory``; ``loss_fn`` is then not used).
     ``gathered(stage)``: entered around each B, so that the stage holds the parameters its
     forward used (FSDP2 resharded after forward gathers them again; ZeRO-3).
+    ``aux_loss_scale`` > 0: each unit's backward also carries the MoE load-balance loss
+    of its stage's layers (``legato.moe``) times this factor (not added to the loss).
     ``measure`` also times every compute action (``stats.action_seconds``).
     """
 
@@ -111,6 +115,7 @@ class PipelineRunner:
         sequence_shards: int = 1,
         loss_chunk: int = 0,
         gathered: Callable[[StageModule], contextlib.AbstractContextManager] | None = None,
+        aux_loss_scale: float = 0.0,
         measure: bool = False,
     ) -> None:
         placement = schedule.placement
@@ -140,6 +145,7 @@ class PipelineRunner:
         self.hidden_size = first.hidden_size
         self.sequence_shards, self.loss_chunk = sequence_shards, loss_chunk
         self.gathered = gathered or (lambda _stage: contextlib.nullcontext())
+        self.aux_loss_scale = aux_loss_scale
         self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
@@ -278,6 +284,9 @@ class PipelineRunner:
                 out = self._stage_loss(stage, inp, positions, self._labels[mb][:, lo:hi])
             else:
                 out = stage(inp, positions)
+        aux = moe_aux_loss(stage) if self.aux_loss_scale else None
+        if aux is not None:  # read now: the layers keep only their last forward's
+            aux = aux.float() * self.aux_loss_scale
         if stage.is_last:
             self._loss += out.detach()
         elif self._local(vs + 1):
@@ -285,7 +294,7 @@ class PipelineRunner:
         kept = [t for t in (x, out) if t is not None]
         kept += cache.slice_tensors(j) if cache is not None else []
         held = [self.meter.hold(t) for t in kept]
-        self._units[a.unit] = _Unit(x, out, held, defer.records if defer else [])
+        self._units[a.unit] = _Unit(x, out, held, defer.records if defer else [], aux)
 
     def _stage_loss(
         self, stage: StageModule, inp: Tensor, positions: Tensor, labels: Tensor
@@ -305,6 +314,9 @@ class PipelineRunner:
         stage, (mb, j, vs) = self.stages[a.stage], a.unit
         unit = self._units[a.unit]
         outputs, grads = [unit.out], [self._output_grad(a, stage, unit.out)]
+        if unit.aux is not None:
+            outputs.append(unit.aux)
+            grads.append(torch.ones_like(unit.aux))
         cache = self._caches.get((mb, vs))
         leaves: list[Tensor] = []
         if cache is not None:
@@ -334,7 +346,7 @@ class PipelineRunner:
         for p, g in zip(params, result[offset + len(leaves) :], strict=True):
             if g is not None:
                 p.grad = g if p.grad is None else p.grad.add_(g)
-        unit.x = unit.out = None
+        unit.x = unit.out = unit.aux = None
         unit.held = []
         if a.kind == "BW":
             del self._units[a.unit]
