@@ -36,8 +36,17 @@ from torch.distributed.tensor.parallel import (
 from legato.parallel.mesh import submesh
 from legato.parallel.pipeline.stages import StageModule
 from legato.parallel.tensor_parallel import apply_tensor_parallel
-from legato.plan.sbp_layout import part_layout
+from legato.plan.sbp_layout import PartLayout, part_layout
+from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
+
+
+def block_layout(spec: ModelSpec, strategy: Strategy) -> PartLayout:
+    """The planner's layout of a dense block under ``strategy``'s tensor parallelism: it
+    depends on tp, tp_y and sp only (batch and dtype do not change a placement)."""
+    alone = Strategy(tp=strategy.tp, tp_y=strategy.tp_y, sp=strategy.sp, mbs=1, gbs=1,
+                     dtype="fp32")  # fmt: skip
+    return part_layout(spec, alone, "dense")
 
 
 def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None:
@@ -46,9 +55,7 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     ``loss_parallel()``. A stage holds the embedding, the final norm and the LM head only
     where it is the first or the last one."""
     tp_mesh = submesh(mesh, "tp")
-    # the block layout depends on tp and sp only; batch and dtype do not change a placement
-    alone = Strategy(tp=strategy.tp, sp=strategy.sp, mbs=1, gbs=1, dtype="fp32")
-    layout = part_layout(model.spec, alone, "dense")
+    layout = block_layout(model.spec, strategy)
     for block in model.blocks:
         apply_tensor_parallel(block, tp_mesh, layout)
     stream = Shard(1) if strategy.sp else Replicate()  # the residual stream between blocks

@@ -28,8 +28,9 @@ from torch.distributed.tensor import DTensor, Replicate
 
 from legato.errors import ConfigError
 from legato.models.attention import Rope
+from legato.parallel.tensor import block_layout
 from legato.parallel.tensor_parallel import place_weights, run_dense_layout
-from legato.plan.sbp_layout import PartLayout, part_layout
+from legato.plan.sbp_layout import PartLayout
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 
@@ -40,9 +41,7 @@ def apply_tensor_2d(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> N
     """Lay every block of ``model`` (a ``Transformer`` or a ``StageModule``) out by the
     planner's 2-D layout on ``mesh["tp_y", "tp_x"]``, in place."""
     tp_mesh = mesh[AXES]
-    alone = Strategy(tp=strategy.tp, tp_y=strategy.tp_y, sp=strategy.sp, mbs=1, gbs=1,
-                     dtype="fp32")  # fmt: skip
-    layout = part_layout(model.spec, alone, "dense")
+    layout = block_layout(model.spec, strategy)
     for block in model.blocks:
         placed = place_weights(block, tp_mesh, layout)
         left = sorted(set(dict(block.named_parameters())) - set(placed))
