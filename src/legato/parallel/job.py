@@ -36,6 +36,8 @@ uneven local batches (``train.batch_split``, pp = 1 only) the step runs
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import pairwise
 from typing import Any
@@ -202,14 +204,19 @@ def resolve_job(
         strategy.check(spec, world)
     except StrategyError as exc:
         raise StrategyError(f"{where}: {exc}") from None
-    _check_runtime(strategy, spec, seq_len, where)
-    schedule = pipeline_schedule(strategy) if strategy.pp > 1 else None
-    return Job(strategy, dtype, schedule)
+    # built once, when a check or the job first needs it (the planner resolves a job per
+    # candidate, and a cost-driven schedule is not free to build)
+    schedule = functools.cache(functools.partial(pipeline_schedule, strategy))
+    _check_runtime(strategy, spec, seq_len, where, schedule)
+    return Job(strategy, dtype, schedule() if strategy.pp > 1 else None)
 
 
-def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> None:
+def _check_runtime(
+    s: Strategy, spec: ModelSpec, seq_len: int, where: str, schedule: Callable[[], Schedule]
+) -> None:
     """What the runtime adds to ``Strategy.check``: the sequence the data really has, and
-    the combinations whose pieces cannot hold each other."""
+    the combinations whose pieces cannot hold each other. ``schedule``: the pipeline's
+    (pp > 1), built on first call."""
     try:
         check_context_parallel(s.cp, seq_len)
         check_context_slices(s)
@@ -219,7 +226,7 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
     if s.slices > 1 and seq_len % s.slices:
         raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
     if s.sp:
-        check_sequence_parallel(s, seq_len, where)
+        check_sequence_parallel(s, seq_len, where, schedule)
     if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
         raise StrategyError(
             f"{where}: recompute=full with {s.schedule} is not executed (a block recomputed "
@@ -228,7 +235,7 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
             f"({', '.join(k for k, v in SCHEDULE_KINDS.items() if not v.split_backward)})"
         )
     data_parallel = s.dp * s.cp > 1
-    if s.pp > 1 and data_parallel and s.zero and spec.tied_embeddings and _folded(s):
+    if s.pp > 1 and data_parallel and s.zero and spec.tied_embeddings and _folded(schedule()):
         raise StrategyError(
             f"{where}: zero={s.zero} with tied_embeddings under {s.schedule} (one rank holds "
             f"the first and the last stage, which would shard the embedding twice); use "
@@ -261,10 +268,12 @@ def _check_runtime(s: Strategy, spec: ModelSpec, seq_len: int, where: str) -> No
         )
 
 
-def check_sequence_parallel(s: Strategy, seq_len: int, where: str) -> None:
+def check_sequence_parallel(
+    s: Strategy, seq_len: int, where: str, schedule: Callable[[], Schedule]
+) -> None:
     """sp splits every piece of sequence a stage sees (the whole sequence, or each slice
     of a slice-level schedule) over the tp ranks: tp must divide each one's tokens."""
-    cuts = token_bounds(pipeline_schedule(s).slice_bounds, seq_len) if s.pp > 1 else (0, seq_len)
+    cuts = token_bounds(schedule().slice_bounds, seq_len) if s.pp > 1 else (0, seq_len)
     pieces = [b - a for a, b in pairwise(cuts)]
     if any(n % s.tp for n in pieces):
         raise StrategyError(
@@ -273,9 +282,9 @@ def check_sequence_parallel(s: Strategy, seq_len: int, where: str) -> None:
         )
 
 
-def _folded(s: Strategy) -> bool:
+def _folded(schedule: Schedule) -> bool:
     """Whether the schedule puts the first and the last stage on one pipeline rank."""
-    placement = pipeline_schedule(s).placement
+    placement = schedule.placement
     return placement.rank(0) == placement.rank(placement.num_stages - 1)
 
 

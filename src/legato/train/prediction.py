@@ -99,9 +99,9 @@ def resolve_machine(cluster: str, nproc: int, device_type: str) -> Machine | Non
     if cluster:
         calibration = calibration_beside(cluster)
         measured = calibration is not None
-        if measured and device_type == "cpu":
+        host = measured and device_type == "cpu"  # this host, as legato calibrate measured it
+        if host:
             calibration = replace(calibration, framework_gib=_resident_gib())
-        host = measured and device_type == "cpu"
         return Machine(
             load_cluster(cluster),
             calibration or CALIBRATION,
