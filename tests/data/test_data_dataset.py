@@ -174,3 +174,15 @@ def test_any_split_resumes_without_lost_or_repeated_windows():
         ds.load_state_dict(fresh.state_dict())
         got.append(torch.cat(shares))
         assert torch.equal(got[step], even[step])
+
+
+@pytest.mark.parametrize("rows", [1, 3])
+def test_inputs_and_labels_never_share_memory(rows):
+    """A one-row window's two slices are both contiguous, so ``contiguous()`` used to copy
+    neither and labels.fill_ wrote into the inputs (the evaluation crash of issue 27)."""
+    ds = PackedDataset(stream(), SEQ, seed=0, shuffle=False)
+    inputs, labels = ds.windows(np.arange(rows))
+    before = inputs.clone()
+    labels.fill_(-100)
+    assert torch.equal(inputs, before)
+    assert inputs.is_contiguous() and labels.is_contiguous()

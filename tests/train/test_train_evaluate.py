@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from legato.cli.main import main
+from legato.data import PackedDataset
 from legato.train.config import load_config
-from legato.train.evaluate import trained_eval_set
+from legato.train.evaluate import evaluate, trained_eval_set
 from legato.train.trained_model import load_trained
 from legato.train.trainer import Trainer
 
@@ -39,3 +41,37 @@ def test_eval_every_records_match_legato_eval_and_a_direct_loss(
         direct = F.cross_entropy(trained.model(inputs).flatten(0, 1), labels.flatten()).item()
     assert report["loss"] == pytest.approx(direct, rel=1e-6)
     assert report["tokens"] == labels.numel() == evals[-1]["val_tokens"]
+
+
+SEQ, VOCAB = 4, 11
+
+
+def test_a_rank_whose_share_ran_out_pads_without_touching_real_tokens() -> None:
+    """3 windows over 2 ranks, one window per batch: rank 1 evaluates window 2, then pads
+    with an ignored window while rank 0 runs its second (the README run's IndexError)."""
+    torch.manual_seed(0)
+    model = torch.nn.Embedding(VOCAB, VOCAB)
+    dataset = PackedDataset(np.arange(3 * SEQ + 1) % VOCAB, SEQ, seed=0, shuffle=False)
+    result = evaluate(model, dataset, 1, device=torch.device("cpu"), rank=1, world=2)
+    inputs, labels = dataset.windows(np.array([2]))
+    with torch.no_grad():
+        direct = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten()).item()
+    assert result.tokens == SEQ and result.loss == pytest.approx(direct)
+
+
+class _Cached(PackedDataset):
+    """Serves the same tensors on every call, as a dataset with a cache may."""
+
+    def windows(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        if not hasattr(self, "served"):
+            self.served = super().windows(indices)
+        return self.served
+
+
+def test_evaluate_does_not_change_the_datasets_tensors() -> None:
+    dataset = _Cached(np.arange(SEQ + 1) % VOCAB, SEQ, seed=0, shuffle=False)
+    dataset.windows(np.array([0]))
+    inputs, labels = (t.clone() for t in dataset.served)
+    evaluate(torch.nn.Embedding(VOCAB, VOCAB), dataset, 1, device=torch.device("cpu"),
+             rank=1, world=2, all_reduce=lambda sums: sums.add_(1))  # fmt: skip
+    assert torch.equal(dataset.served[0], inputs) and torch.equal(dataset.served[1], labels)

@@ -145,10 +145,12 @@ class PackedDataset:
 
     def windows(self, indices: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
         """The windows ``indices`` as (inputs, labels), int64 ``[len(indices), seq_len]``;
-        reading them does not move the position."""
+        reading them does not move the position. The two never share memory (slices of
+        one window would for a single row, where ``contiguous()`` copies nothing), so a
+        caller may change one in place."""
         rows = np.asarray(self.tokens[indices[:, None] * self.seq_len + self._offsets])
-        batch = torch.from_numpy(rows.astype(np.int64))
-        return batch[:, :-1].contiguous(), batch[:, 1:].contiguous()
+        inputs, labels = rows[:, :-1].astype(np.int64), rows[:, 1:].astype(np.int64)
+        return torch.from_numpy(inputs), torch.from_numpy(labels)
 
     def state_dict(self) -> dict[str, Any]:
         """Plain JSON-able position plus what identifies the dataset it belongs to."""

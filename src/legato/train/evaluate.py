@@ -72,8 +72,8 @@ def evaluate(
         for start in range(0, share, batch_size):
             windows = mine[start : start + batch_size]
             inputs, labels = dataset.windows(windows if len(windows) else np.zeros(1, np.int64))
-            if not len(windows):
-                labels.fill_(IGNORE_INDEX)
+            if not len(windows):  # a new tensor: the dataset's may be shared or cached
+                labels = torch.full_like(labels, IGNORE_INDEX)
             inputs, labels = inputs.to(device), labels.to(device)
             with autocast():
                 loss = token_loss_sum(model, inputs, labels, loss_chunk)
