@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from legato.atomic import make_temp_dir
 from legato.data import Tokenizer
 from legato.errors import ConfigError
 from legato.models import Transformer
@@ -58,8 +58,7 @@ def export_hf(
     if out.exists() and not out.is_dir():
         raise ConfigError(f"OUT: {out} exists and is not a directory")
     arch = hf_architecture(model.spec)  # refuse before writing anything
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    tmp = make_temp_dir(out)
     try:
         config = {
             **arch.config,
