@@ -1,4 +1,6 @@
-"""Fixtures shared by every test package: run directories, a small corpus.
+"""Fixtures shared by every test package: run directories, a small corpus; and the rules
+of a session: a test that runs past its time limit has every process it started killed,
+and a session that leaves processes, cgroups or files behind fails (``session_guard``).
 
 Multi-process tests run their ranks through ``gloo_harness.run_ranks`` (this directory is on
 ``sys.path`` because this conftest lives here)."""
@@ -6,10 +8,77 @@ Multi-process tests run their ranks through ``gloo_harness.run_ranks`` (this dir
 from __future__ import annotations
 
 import os
+import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import pytest_timeout
+
+from session_guard import SessionGuard, kill_descendants
+
+HARD_STOP_AFTER_S = 60.0  # past its limit, a test whose main thread never returns to Python
+_GUARD = pytest.StashKey[SessionGuard]()
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own tmp_path_factory exists
+def pytest_configure(config: pytest.Config) -> None:
+    # pytest's own folders stay where they are, outside the session's TMPDIR
+    basetemp = config._tmp_path_factory.getbasetemp()
+    config.stash[_GUARD] = SessionGuard.start(caches=basetemp)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    guard = session.config.stash.get(_GUARD, None)
+    if guard is None:
+        return
+    leaks = guard.leaks()
+    guard.close()
+    if leaks:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = ["the session left these behind (removed now):", *leaks]
+        for line in lines:
+            (reporter.write_line if reporter else print)(f"LEAK: {line}")
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings) -> bool | None:
+    """pytest-timeout's signal method, which fails the test but leaves what it started
+    running, plus: the test's processes (gloo ranks, servers, Ray) are killed first. A
+    main thread stuck in C code never runs a signal handler, so a watchdog thread kills
+    them and ends the session ``HARD_STOP_AFTER_S`` later (pytest-timeout's thread method)."""
+    if settings.method != "signal" or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def on_timeout(signum: int, frame: object) -> None:
+        __tracebackhide__ = True
+        killed = kill_descendants(os.getpid())
+        pytest_timeout.dump_stacks(item.config.get_terminal_writer())
+        pytest.fail(
+            f"Timeout (>{settings.timeout:.0f}s); killed the processes it started: "
+            f"{', '.join(killed) or 'none'}"
+        )
+
+    def hard_stop() -> None:
+        kill_descendants(os.getpid())
+        pytest_timeout.timeout_timer(item, settings)
+
+    watchdog = threading.Timer(settings.timeout + HARD_STOP_AFTER_S, hard_stop)
+    watchdog.daemon = True
+
+    def cancel() -> None:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        watchdog.cancel()
+
+    item.cancel_timeout = cancel  # what pytest-timeout's own cancel hook calls
+    signal.signal(signal.SIGALRM, on_timeout)
+    signal.setitimer(signal.ITIMER_REAL, settings.timeout)
+    watchdog.start()
+    return True
 
 
 @pytest.fixture

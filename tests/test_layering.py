@@ -17,6 +17,7 @@ LAYER_RANK = {
     "errors": 0,
     "csv_rows": 1,
     "atomic": 0,
+    "local_ray": 0,
     "specs": 1,
     "cost": 2,
     "schedule": 2,

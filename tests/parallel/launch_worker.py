@@ -3,13 +3,15 @@
 ``parent GRACE MODE OUT`` launches two ``worker MODE OUT`` processes and reports as
 ``legato``'s ``main`` does (a user error: one line, exit 2). A worker joins gloo, says it
 is ready, then all-reduces until a SIGINT or SIGTERM; the ranks agree on stopping at a
-step boundary (a sum of the stop flags), record the signal and exit 130. MODE ``error``
+step boundary (a sum of the stop flags), record the signal and exit 130. A worker's
+ready file holds its pid. MODE ``error``
 raises a user error on every rank instead; ``hang`` ignores the signals and, on rank 1,
 never reaches the next collective (a stuck worker).
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import time
@@ -29,7 +31,7 @@ def worker(mode: str, out: Path) -> int:
     with process_group("gloo", "cpu") as ctx:
         if mode == "error":
             raise ConfigError("train.steps: must be >= 1, got 0")
-        (out / f"ready{ctx.rank}").touch()
+        (out / f"ready{ctx.rank}").write_text(str(os.getpid()))
         while True:
             if mode == "hang" and ctx.rank == 1:
                 time.sleep(3600)

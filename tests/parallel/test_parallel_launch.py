@@ -4,6 +4,7 @@ the grace period with one line; a user error in the workers is one line."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -19,9 +20,12 @@ WORKER = Path(__file__).with_name("launch_worker.py")
 
 
 def _start(tmp_path: Path, mode: str, grace_s: float = 60.0) -> subprocess.Popen[str]:
+    """The launcher, in a session of its own; its temporary files go to ``tmp_path`` (a
+    SIGKILLed one cannot remove its error folder)."""
     command = [sys.executable, str(WORKER), "parent", str(grace_s), mode, str(tmp_path)]
+    env = {**os.environ, "TMPDIR": str(tmp_path)}
     return subprocess.Popen(
-        command, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path
+        command, stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=tmp_path, env=env
     )
 
 
@@ -63,6 +67,33 @@ def test_a_stuck_worker_is_killed_after_the_grace_period(tmp_path: Path) -> None
     assert time.monotonic() - began < 30
     assert err.strip().splitlines() == ["legato: workers did not stop within 1 s; killed them"]
     assert not (tmp_path / "stopped0").exists()
+
+
+def _gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (absent, or a zombie its new parent has not reaped)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
+    """SIGKILL of the launcher alone (no handler runs) still ends its workers: none trains
+    on, orphaned, into a run directory a new run may take."""
+    proc = _start(tmp_path, "run")
+    try:
+        _when_ready(proc, tmp_path)
+        workers = [int((tmp_path / f"ready{r}").read_text()) for r in (0, 1)]
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in workers), "workers outlived their launcher"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_user_error_in_the_workers_is_one_line(tmp_path: Path) -> None:

@@ -9,6 +9,10 @@ periods per period, rewritten at run time when the policy changes the share. cgr
 permission, no cpu controller), the share falls back to a core cap: the worker is pinned
 to ``ceil(share x cores)`` of its device's cores (so torch starts that many threads), which
 cannot go below one core. ``CpuShare.mode`` says which one ran.
+
+A run's cgroups live under one parent of its own, ``legato/<kind>-<pid>-<id>``
+(``run_cgroups``), removed when the run ends; the owner's pid in the name lets the next
+run remove the parent of one that crashed (``remove_stale_cgroups``).
 """
 
 from __future__ import annotations
@@ -16,10 +20,14 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import time
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+BASE = "legato"  # every legato cgroup sits below this one, in each hierarchy
 PERIOD_US = 100_000  # the kernel's default CFS period
 CGROUP = "cgroup"
 CORE_CAP = "core cap"
@@ -109,16 +117,77 @@ class CpuShare:
                 self.cgroup.rmdir()
 
 
-def _cgroup_dirs(name: str) -> list[Path]:
-    """Where a cgroup may go: under v2's unified tree (needs the cpu controller) or v1's
-    cpu hierarchy."""
+def _bases() -> list[Path]:
+    """Where legato's cgroups may go: under v2's unified tree (needs the cpu controller)
+    or v1's cpu hierarchy."""
     places = []
     unified = CGROUP_ROOT / "cgroup.controllers"
     if unified.is_file() and "cpu" in unified.read_text().split():
-        places.append(CGROUP_ROOT / "legato" / name)
+        places.append(CGROUP_ROOT / BASE)
     if (CGROUP_ROOT / "cpu" / "cpu.cfs_quota_us").exists():
-        places.append(CGROUP_ROOT / "cpu" / "legato" / name)
+        places.append(CGROUP_ROOT / "cpu" / BASE)
     return places
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    return [base / name for base in _bases()]
+
+
+@contextlib.contextmanager
+def run_cgroups(kind: str) -> Iterator[str]:
+    """The name of a fresh per-run parent (``<kind>-<pid>-<id>``) for the block's
+    ``CpuShare`` cgroups (``f"{name}/<worker>"``); it and everything below it is removed
+    when the block ends. Stale parents of dead runs are removed first."""
+    remove_stale_cgroups()
+    name = f"{kind}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield name
+    finally:
+        for place in _cgroup_dirs(name):
+            remove_cgroup_tree(place)
+
+
+def cgroups_owned_by(pid: int) -> list[Path]:
+    """The per-run parents that process ``pid`` made and still exist."""
+    return [p for base in _bases() if base.is_dir() for p in base.iterdir() if _owner(p) == pid]
+
+
+def remove_stale_cgroups() -> None:
+    """Remove the per-run parents whose owner process is gone (a crashed run), and empty
+    ones of no known owner; a cgroup that still holds a live process stays."""
+    for base in _bases():
+        for parent in base.iterdir() if base.is_dir() else ():
+            owner = _owner(parent)
+            if parent.is_dir() and (owner is None or not _alive(owner)):
+                remove_cgroup_tree(parent, timeout_s=0.0)
+
+
+def remove_cgroup_tree(top: Path, timeout_s: float = 5.0) -> bool:
+    """rmdir ``top`` and every cgroup below it, deepest first, retrying for ``timeout_s``
+    while killed processes leave them; whether it is gone."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        for here, _, _ in sorted(os.walk(top), key=lambda w: -len(Path(w[0]).parts)):
+            with contextlib.suppress(OSError):
+                os.rmdir(here)
+        if not top.exists() or time.monotonic() >= deadline:
+            return not top.exists()
+        time.sleep(0.05)
+
+
+def _owner(parent: Path) -> int | None:
+    parts = parent.name.split("-")
+    return int(parts[1]) if len(parts) >= 3 and parts[1].isdigit() else None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _enable_cpu_controller(group: Path) -> None:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import math
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from legato.cluster.cpu_share import run_cgroups
 from legato.cluster.job_types import JobType, runnable_split, train_config
 from legato.cluster.jobs import ClusterJob, ClusterShape, check_jobs
 from legato.cluster.placement import Assignment, Placement, check_assignment
@@ -66,10 +66,16 @@ class Executor:
         self.out_dir = Path(out_dir)
         self.cores_per_device = cores_per_device
         self.say = say
-        self.run_id = f"run-{uuid.uuid4().hex[:8]}"
+        self.run_id = ""  # the run's cgroup parent, while run() runs
         self.running: dict[str, Incarnation] = {}
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> RunResult:
+        """Run every job to its end under the policy; the workers' cgroups live under one
+        parent of this run's, removed when it ends."""
+        with run_cgroups("run") as self.run_id:
+            return self._run(progress)
+
+    def _run(self, progress: Callable[[int, int], None] | None) -> RunResult:
         by_name = {j.name: j for j in self.jobs}
         states = {j.name: JobProgress(j) for j in self.jobs}
         out = RunResult(SimulationResult(self.policy.name, self.shape, list(states.values())))

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.atomic import write_atomic, write_text_atomic
+from legato.cluster.cpu_share import run_cgroups
 from legato.cluster.job_types import JobType, train_config
 from legato.cluster.ray_jobs import START_TIMEOUT_S, launch
 from legato.errors import DataError
@@ -116,11 +117,12 @@ def profile(
             pair = [Probe(a, a.batch, (0,)), Probe(b, b.batch, (0,))]
             plan.append((f"{a.name} + {b.name} on one device", pair))
     results, startups = [], []
-    for n, (what, probes) in enumerate(plan, 1):
-        rates, startup = measure(probes, window_s, work, cores_per_device, f"profile-{n}")
-        say(f"[{n}/{len(plan)}] {what}: " + ", ".join(f"{r:.2f} steps/s" for r in rates))
-        results.append(rates)
-        startups.extend(startup)
+    with run_cgroups("profile") as run_id:
+        for n, (what, probes) in enumerate(plan, 1):
+            rates, startup = measure(probes, window_s, work, cores_per_device, f"{run_id}/{n}")
+            say(f"[{n}/{len(plan)}] {what}: " + ", ".join(f"{r:.2f} steps/s" for r in rates))
+            results.append(rates)
+            startups.extend(startup)
     shutil.rmtree(work, ignore_errors=True)
     table: dict[str, Any] = {}
     curves: dict[str, list[tuple[int, float]]] = {k.name: [] for k in kinds}

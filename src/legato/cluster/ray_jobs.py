@@ -21,11 +21,13 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from legato.cluster.cpu_share import CpuShare, cores_of
+from legato.cluster.cpu_share import CpuShare, cores_of, remove_cgroup_tree
 from legato.cluster.placement import MAX_TENANTS
 from legato.errors import ConfigError
+from legato.local_ray import local_ray
 
 DEVICE_RESOURCE = "legato_device_{}"
 START_TIMEOUT_S = 120.0  # actors placed and the process group joined
@@ -65,6 +67,10 @@ class TrainerWorker:
         )  # fmt: skip
         self.trainer = Trainer(config)
         threading.Thread(target=self._fit, name="legato-trainer", daemon=True).start()
+        # started means the layout is resolved: a split or a stop sent right after this
+        # returns reaches a trainer that can take it (under load, set-up takes seconds)
+        if not self.trainer.layout_resolved.wait(START_TIMEOUT_S):
+            raise TimeoutError(f"rank {rank}: no layout after {START_TIMEOUT_S:.0f} s")
         return self.cpu.describe(share)
 
     def _fit(self) -> None:
@@ -151,7 +157,8 @@ class Incarnation:
             ray.kill(actor, no_restart=True)
         remove_placement_group(self.group)
         for path in self.cgroups:
-            _remove_when_empty(path)
+            if path is not None:
+                remove_cgroup_tree(Path(path))
 
 
 def launch(
@@ -197,21 +204,6 @@ def launch(
     return Incarnation(job, tuple(devices), actors, group, cgroups, now_s, described, tuple(slots))
 
 
-def _remove_when_empty(path: str | None, timeout_s: float = 5.0) -> None:
-    """rmdir a worker's cgroup once its killed process has left it."""
-    if path is None:
-        return
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.05)
-
-
 @contextmanager
 def ray_session(devices: int, cores_per_device: int, address: str | None = None) -> Iterator[None]:
     """Connect to ``address`` (a Ray cluster whose nodes advertise ``legato_device_<d>``), or
@@ -222,19 +214,19 @@ def ray_session(devices: int, cores_per_device: int, address: str | None = None)
     if ray.is_initialized():
         yield
         return
-    quiet = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if address:
-        ray.init(address=address, **quiet)
-    else:
-        host = os.cpu_count() or 1
-        if devices * cores_per_device > host:
-            raise ConfigError(
-                f"--cores-per-device: {devices} devices of {cores_per_device} core(s) need "
-                f"{devices * cores_per_device} cores; this host has {host}"
-            )
-        resources = {DEVICE_RESOURCE.format(d): MAX_TENANTS for d in range(devices)}
-        ray.init(num_cpus=host, resources=resources, _node_ip_address="127.0.0.1", **quiet)
-    try:
+        ray.init(address=address, include_dashboard=False, log_to_driver=False,
+                 configure_logging=False)  # fmt: skip
+        try:
+            yield
+        finally:
+            ray.shutdown()
+        return
+    host = os.cpu_count() or 1
+    if devices * cores_per_device > host:
+        raise ConfigError(
+            f"--cores-per-device: {devices} devices of {cores_per_device} core(s) need "
+            f"{devices * cores_per_device} cores; this host has {host}"
+        )
+    with local_ray(host, {DEVICE_RESOURCE.format(d): MAX_TENANTS for d in range(devices)}):
         yield
-    finally:
-        ray.shutdown()

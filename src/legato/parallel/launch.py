@@ -17,11 +17,16 @@ rendezvous store lives in this parent, as under torchrun's agent
 is guessed and raced for. A user error in a worker (``LegatoError``) is left in a
 shared folder by ``report_errors`` and raised here once per distinct message, as one
 line, instead of one traceback per rank.
+
+A worker dies with the process that launched it (``die_with_launcher``, called when it
+joins the group): a SIGKILLed launcher or torchrun agent leaves no worker training on,
+orphaned, into a run directory that the next run may already own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
@@ -35,6 +40,9 @@ from pathlib import Path
 from legato.errors import LegatoError
 
 ERROR_DIR_ENV = "LEGATO_ERROR_DIR"  # where launched workers leave their one-line errors
+LAUNCHER_PID_ENV = "LEGATO_LAUNCHER_PID"  # the launcher a worker must not outlive
+TORCHRUN_ENV = "TORCHELASTIC_RUN_ID"  # set by torchrun's agent for its workers
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 GRACE_S = 60.0  # how long stopping workers may take (a checkpoint) before they are killed
 FAILURE_GRACE_S = 10.0  # after one worker failed, how long the others get to exit
 INTERRUPTED = 130  # exit code of a run stopped by SIGINT or SIGTERM (128 + SIGINT)
@@ -64,6 +72,21 @@ def report_errors(body: Callable[[], int]) -> int:
         rank = os.environ.get("RANK", "0")
         Path(error_dir, f"rank{rank}.txt").write_text(str(exc), encoding="utf-8")
         return 2
+
+
+def die_with_launcher() -> None:
+    """In a worker of legato's launcher or of torchrun's agent, ask the kernel for SIGKILL
+    when that parent dies (``PR_SET_PDEATHSIG``; Linux only, a no-op elsewhere and outside
+    a launch). A launcher that is already gone (the worker was re-parented before it got
+    here) ends the worker at once."""
+    expected = os.environ.get(LAUNCHER_PID_ENV)
+    if expected is None and TORCHRUN_ENV not in os.environ:
+        return
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if expected is not None and os.getppid() != int(expected):
+        os._exit(INTERRUPTED)
 
 
 class _Stop:
@@ -112,6 +135,7 @@ def _worker_env(rank: int, nproc: int, port: int, error_dir: str) -> dict[str, s
         "MASTER_PORT": str(port),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         ERROR_DIR_ENV: error_dir,
+        LAUNCHER_PID_ENV: str(os.getpid()),
     }
 
 

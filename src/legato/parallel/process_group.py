@@ -23,6 +23,7 @@ from torch import Tensor
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from legato.errors import ConfigError
+from legato.parallel.launch import die_with_launcher
 
 T = TypeVar("T")
 
@@ -161,6 +162,7 @@ def set_threads(local_world_size: int) -> int:
 def join(backend: str = "auto", device: str = "auto", where: str = "train.device") -> DistContext:
     """Read the launcher's environment; join (or reuse) the process group when world > 1,
     with a 1-D ``"dp"`` mesh over all ranks."""
+    die_with_launcher()
     env = os.environ
     world = int(env.get("WORLD_SIZE", "1"))
     rank = int(env.get("RANK", "0"))
