@@ -10,15 +10,17 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import pytest_timeout
 
-from session_guard import SessionGuard, kill_descendants
+from session_guard import SessionGuard, children, kill_descendants
 
 HARD_STOP_AFTER_S = 60.0  # past its limit, a test whose main thread never returns to Python
+EXIT_GRACE_S = 10.0  # how long a process a test started may take to exit after the test
 _GUARD = pytest.StashKey[SessionGuard]()
 
 
@@ -42,6 +44,36 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
         for line in lines:
             (reporter.write_line if reporter else print)(f"LEAK: {line}")
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed:
+        item.stash[_FAILED] = True
+
+
+_FAILED = pytest.StashKey[bool]()
+
+
+@pytest.fixture(autouse=True)
+def _no_process_outlives_its_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Whatever a test started (a server, a launcher, gloo ranks) is gone after it: given
+    ``EXIT_GRACE_S`` to exit, then killed, also after a failure; a passing test that left
+    one is reported by the session. Processes started by wider fixtures (a module's Ray)
+    were there before the test and stay."""
+    me = os.getpid()
+    before = set(children(me))
+    yield
+    deadline = time.monotonic() + EXIT_GRACE_S
+    while (new := [p for p in children(me) if p not in before]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if new:
+        killed = kill_descendants(me, below=new)
+        if not request.node.stash.get(_FAILED, False):
+            guard = request.config.stash[_GUARD]
+            guard.left_by_tests += [f"{p}, left by {request.node.nodeid}" for p in killed]
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 from legato.cluster.cpu_share import cgroups_owned_by, remove_cgroup_tree
 
 _PR_SET_CHILD_SUBREAPER = 36
+KEPT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
 REPO = Path(__file__).resolve().parents[1]
 USER_CACHE = Path.home() / ".cache" / "legato"
 
@@ -46,20 +47,41 @@ def _stat(pid: int) -> tuple[int, str] | None:
     return int(fields[1]), fields[0]
 
 
-def descendants(root: int) -> list[int]:
-    """Live (not zombie) processes below ``root``, parents before children."""
+def _tree() -> tuple[dict[int, list[int]], set[int]]:
+    """Every process's children, and the zombies."""
     children: dict[int, list[int]] = {}
-    states: dict[int, str] = {}
+    zombies: set[int] = set()
     for entry in os.listdir("/proc"):
         if entry.isdigit() and (stat := _stat(int(entry))) is not None:
             children.setdefault(stat[0], []).append(int(entry))
-            states[int(entry)] = stat[1]
-    found, queue = [], list(children.get(root, []))
+            if stat[1] == "Z":
+                zombies.add(int(entry))
+    return children, zombies
+
+
+def _kept(pid: int) -> bool:
+    """Helpers the interpreter keeps for its whole life (multiprocessing's resource
+    tracker, started by the first spawned rank), not something a test left."""
+    return any(k in describe(pid) for k in KEPT)
+
+
+def children(root: int) -> list[int]:
+    """Live (not zombie) children of ``root``."""
+    tree, zombies = _tree()
+    return [p for p in tree.get(root, []) if p not in zombies and not _kept(p)]
+
+
+def descendants(root: int, below: list[int] | None = None) -> list[int]:
+    """Live (not zombie) processes below ``root`` (or only below its children ``below``,
+    themselves included), parents before children."""
+    tree, zombies = _tree()
+    top = tree.get(root, []) if below is None else below
+    found, queue = [], [p for p in top if not _kept(p)]
     while queue:
         pid = queue.pop(0)
         found.append(pid)
-        queue.extend(children.get(pid, []))
-    return [p for p in found if states.get(p) != "Z"]
+        queue.extend(tree.get(pid, []))
+    return [p for p in found if p not in zombies]
 
 
 def describe(pid: int) -> str:
@@ -71,12 +93,12 @@ def describe(pid: int) -> str:
     return f"{pid} ({command[:120].decode(errors='replace').strip()})"
 
 
-def kill_descendants(root: int) -> list[str]:
-    """SIGKILL every process below ``root``, repeated until none is left (a dying parent
-    may start one more); what was killed. Zombies re-parented here are reaped."""
+def kill_descendants(root: int, below: list[int] | None = None) -> list[str]:
+    """SIGKILL every process below ``root`` (or ``below`` its children ``below``),
+    repeated until none is left (a dying parent may start one more); what was killed."""
     killed: list[str] = []
     for _ in range(20):
-        pids = descendants(root)
+        pids = descendants(root, below)
         if not pids:
             break
         for pid in pids:
@@ -107,6 +129,7 @@ class SessionGuard:
     """The state a session started from; ``leaks()`` lists what it left behind."""
 
     tmpdir: Path
+    left_by_tests: list[str] = field(default_factory=list)  # killed after a passing test
     git: set[str] = field(default_factory=_git_entries)
     cache: set[str] = field(default_factory=_cache_entries)
 
@@ -125,7 +148,7 @@ class SessionGuard:
         """Each thing left behind by process ``root`` (this one) and what it started, as
         one line; the processes and cgroups are removed."""
         root = os.getpid() if root is None else root
-        found = [f"process {p}" for p in kill_descendants(root)]
+        found = [f"process {p}" for p in [*self.left_by_tests, *kill_descendants(root)]]
         for parent in cgroups_owned_by(root):
             found.append(f"cgroup {parent}")
             remove_cgroup_tree(parent)

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from legato.cluster import cpu_share
-from legato.cluster.cpu_share import CGROUP, CORE_CAP, CpuShare, cores_of
+from legato.cluster.cpu_share import CGROUP, CORE_CAP, CpuShare, cores_of, run_cgroups
 
 BUSY = """
 import sys, time
@@ -32,18 +32,15 @@ def test_cores_of_devices_are_disjoint_ranges():
 
 def test_quota_limits_a_busy_process_to_its_share():
     """A process that spins for 1.5 s gets about its share of the core, not all of it."""
-    out = subprocess.run(
-        [sys.executable, "-c", BUSY, f"test-{os.getpid()}", "0.3"],
-        capture_output=True, text=True, check=True, timeout=60,
-    )  # fmt: skip
+    with run_cgroups("test") as parent:
+        out = subprocess.run(
+            [sys.executable, "-c", BUSY, f"{parent}/busy", "0.3"],
+            capture_output=True, text=True, check=True, timeout=60,
+        )  # fmt: skip
     mode, fraction = out.stdout.split()[0], float(out.stdout.split()[-1])
     if mode != CGROUP:
         pytest.skip("no writable cgroup with a CPU quota here (the core cap ran)")
     assert 0.15 < fraction < 0.45
-    for root in (cpu_share.CGROUP_ROOT / "cpu" / "legato", cpu_share.CGROUP_ROOT / "legato"):
-        leftover = root / f"test-{os.getpid()}"
-        if leftover.exists():
-            leftover.rmdir()
 
 
 def test_core_cap_without_cgroups_pins_to_part_of_the_device(tmp_path, monkeypatch):
