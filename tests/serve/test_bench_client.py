@@ -1,21 +1,21 @@
 """The load generator against a real HTTP server on 127.0.0.1 that streams server-sent events
-with known pauses: what it sends, what it times, what it reads from the usage chunk."""
+with known pauses: what it sends, what it times, what it reads from the usage chunk, what
+counts as a failure (and ``legato bench serve`` says why), and that an empty completion does
+not."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-import socket
-import threading
-import time
 from collections.abc import Iterator
 from itertools import pairwise
 
 import pytest
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
+from http_harness import served
 
+from legato.cli.main import main
 from legato.serve.bench_client import run_benchmark
 from legato.serve.bench_metrics import summarize
 from legato.serve.workload import BenchRequest
@@ -29,17 +29,32 @@ app = FastAPI()
 seen: list[dict] = []
 
 
+MODELS = ("base", "a0", "silent", "broken", "empty", "cut")
+
+
+@app.get("/v1/models")
+async def models():
+    return {"data": [{"id": "base", "parent": None}, {"id": "a0", "parent": "base"}]}
+
+
 @app.post("/v1/completions")
 async def completions(request: Request):
     body = await request.json()
     seen.append(body)
-    if body["model"] not in ("base", "a0", "silent", "broken"):
+    if body["model"] not in MODELS:
         return JSONResponse({"error": f"unknown model {body['model']}"}, status_code=404)
 
     async def events():
         if body["model"] == "broken":
             yield _event({"choices": [{"index": 0, "text": "ab"}]})
             yield _event({"error": {"message": "out of blocks"}})
+        elif body["model"] == "cut":  # the server went away mid-answer
+            yield _event({"choices": [{"index": 0, "text": "ab"}]})
+            return
+        elif body["model"] == "empty":  # EOS first: an answer without text (legato's shape)
+            await asyncio.sleep(FIRST_S)
+            yield _event({"choices": [{"index": 0, "text": "", "finish_reason": "stop"}]})
+            yield _event({"choices": [], "usage": {"prompt_tokens": 12, "completion_tokens": 0}})
         elif body["model"] != "silent":
             await asyncio.sleep(FIRST_S)
             for i in range(CHUNKS):
@@ -59,20 +74,8 @@ def _event(payload: dict) -> str:
 
 @pytest.fixture(scope="module")
 def server_url() -> Iterator[str]:
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.bind(("127.0.0.1", 0))
-    config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off")
-    server = uvicorn.Server(config)
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        if time.monotonic() > deadline or not thread.is_alive():
-            pytest.fail("the test server did not start within 30 s")
-        time.sleep(0.01)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}/"
-    server.should_exit = True
-    thread.join(timeout=30)
+    with served(app) as url:
+        yield url + "/"
 
 
 def _request(index: int, arrival_s: float, adapter: str | None) -> BenchRequest:
@@ -110,7 +113,7 @@ def test_streamed_requests_are_timed_and_counted(server_url: str) -> None:
         assert GAP_S <= t.token_times[-1] - t.token_times[0] < 5.0  # three gaps were paused
     missing, silent, broken = timings[2:]
     assert not missing.ok and missing.error.startswith("HTTP 404")
-    assert not silent.ok and "without any text" in silent.error
+    assert not silent.ok and "without a choice" in silent.error
     assert not broken.ok and "out of blocks" in broken.error
     assert duration >= max(t.end_s for t in timings)
 
@@ -126,3 +129,30 @@ def test_max_concurrency_serialises_requests(server_url: str) -> None:
     assert all(t.ok for t in timings)
     spans = sorted((t.start_s, t.end_s) for t in timings)
     assert all(later[0] >= earlier[1] for earlier, later in pairwise(spans))
+
+
+def test_an_empty_completion_is_an_answer_and_a_broken_stream_a_failure(server_url: str) -> None:
+    requests = [_request(0, 0.0, "empty"), _request(1, 0.0, "cut")]
+    (empty, cut), _ = asyncio.run(run_benchmark(server_url, "base", requests, progress=False))
+    assert empty.ok and empty.error is None and empty.output_tokens == 0
+    assert empty.token_times == [] and empty.first_token_s == empty.end_s
+    assert FIRST_S <= empty.first_token_s - empty.start_s < 5.0  # timed by its choice
+    assert not cut.ok and "before data: [DONE]" in cut.error
+    result = summarize([empty], 1.0)
+    assert result["completed"] == 1 and result["failed"] == 0
+
+
+@pytest.mark.parametrize(("model", "code", "says"), [
+    ("empty", 0, None),
+    ("broken", 1, "failed: 2 request(s): server error: {'message': 'out of blocks'}"),
+    ("nope", 1, "failed: 2 request(s): HTTP 404"),
+])  # fmt: skip
+def test_bench_serve_exits_by_failures_and_says_why(server_url, model, code, says, capsys):
+    argv = ["bench", "serve", "--base-url", server_url, "--model", model, "--num-adapters", "0",
+            "--num-prompts", "2", "--input-len", "4,5", "--output-len", "2,3"]  # fmt: skip
+    assert main(argv) == code
+    err = capsys.readouterr().err
+    if says is None:
+        assert "failed:" not in err
+    else:
+        assert says in err, err

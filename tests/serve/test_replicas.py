@@ -1,11 +1,14 @@
 """Two engines behind Ray Serve on loopback: every adapter answers as one engine alone would,
 repeated requests for an adapter stay on the replica that holds it, and the router refuses
-what the single server refuses, with the same OpenAI errors."""
+what the single server refuses, with the same OpenAI errors, behind the same guard (API key,
+body bound, adapter loads only under the lora root)."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
+import tempfile
 import time
 
 import pytest
@@ -15,6 +18,7 @@ import httpx
 import torch
 
 from legato.lora.peft_io import save_adapter
+from legato.serve.access import Access
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters, load_adapters, load_served_model
 from legato.serve.replicas import ReplicaSpec, build_app, ray_serve
@@ -22,6 +26,7 @@ from legato.serve.sampling import SamplingParams
 
 CONFIG = EngineConfig(block_size=8, num_blocks=96, max_num_seqs=4, link_gbps=50.0)
 PROMPTS = {"lora-0": "the cat", "lora-1": "a dog ran", "lora-2": "hello", "tiny": "base"}
+KEY = {"Authorization": "Bearer sk-replicas"}
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +46,16 @@ def url(folders):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    app = build_app(ReplicaSpec(config=CONFIG), [str(folders)], replicas=2, adapters_per_replica=1)
-    with ray_serve(app, "127.0.0.1", port, cpus=2) as base_url:
-        yield base_url, extra
+    access = Access(api_key="sk-replicas", max_request_bytes=2**16, lora_updating=True,
+                    lora_roots=(extra,))  # fmt: skip
+    app = build_app(ReplicaSpec(config=CONFIG), [str(folders)], replicas=2, adapters_per_replica=1,
+                    access=access)  # fmt: skip
+    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's Unix sockets live under it
+    try:
+        with ray_serve(app, "127.0.0.1", port, cpus=2, temp_dir=temp) as base_url:
+            yield base_url, extra
+    finally:
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _alone(folders, extra, name: str, prompt: str) -> str:
@@ -70,7 +82,7 @@ def _complete(client, model: str, prompt: str, **extra) -> httpx.Response:
 
 def test_each_adapter_answers_as_one_engine_and_stays_on_its_replica(url, folders):
     base_url, extra = url
-    with httpx.Client(base_url=base_url, timeout=60) as client:
+    with httpx.Client(base_url=base_url, timeout=60, headers=KEY) as client:
         listed = {row["id"]: row["parent"] for row in client.get("/v1/models").json()["data"]}
         assert listed == {"tiny": None, "lora-0": "tiny", "lora-1": "tiny", "lora-2": "tiny"}
         for name, prompt in PROMPTS.items():
@@ -93,7 +105,18 @@ def test_each_adapter_answers_as_one_engine_and_stays_on_its_replica(url, folder
 
 def test_router_refuses_and_loads_like_the_single_server(url, folders):
     base_url, extra = url
-    with httpx.Client(base_url=base_url, timeout=60) as client:
+    with httpx.Client(base_url=base_url, timeout=60) as anyone:
+        refused = _complete(anyone, "tiny", "x")
+        assert refused.status_code == 401 and refused.json()["error"]["code"] == 401
+        assert anyone.get("/health").status_code == 200
+    with httpx.Client(base_url=base_url, timeout=60, headers=KEY) as client:
+        large = _complete(client, "tiny", "x" * 2**16)
+        assert large.status_code == 413 and "--max-request-bytes" in large.text
+        long = _complete(client, "tiny", "x" * 300)  # the replica's engine: 256 tokens of context
+        assert long.status_code == 400 and long.json()["error"]["param"] == "prompt"
+        outside = client.post("/v1/load_lora_adapter",
+                              json={"lora_name": "new", "lora_path": str(folders / "lora-0")})  # fmt: skip
+        assert outside.status_code == 400 and "--lora-root" in outside.json()["error"]["message"]
         missing = _complete(client, "lora-9", "x")
         assert missing.status_code == 404 and missing.json()["error"]["param"] == "model"
         zero = _complete(client, "lora-0", "x", max_tokens=0)
@@ -101,7 +124,7 @@ def test_router_refuses_and_loads_like_the_single_server(url, folders):
         stream_zero = _complete(client, "lora-0", "x", max_tokens=0, stream=True)
         assert stream_zero.status_code == 400  # refused before the event stream starts
         bad = client.post("/v1/load_lora_adapter",
-                          json={"lora_name": "new", "lora_path": "/no/such"})  # fmt: skip
+                          json={"lora_name": "new", "lora_path": str(extra / "none")})  # fmt: skip
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "lora_path"
         loaded = client.post("/v1/load_lora_adapter",
                              json={"lora_name": "lora-3", "lora_path": str(extra / "lora-3")})  # fmt: skip

@@ -5,15 +5,15 @@ and /metrics carries vLLM's names."""
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 
 import httpx
 import pytest
-import uvicorn
+from http_harness import served
 
 from legato.lora.peft_io import save_adapter
+from legato.serve.access import Access
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters, load_served_model
 from legato.serve.sampling import SamplingParams
@@ -28,30 +28,21 @@ def _adapters(engine):
 
 
 @pytest.fixture(scope="module")
-def server():
+def lora_root(tmp_path_factory):
+    """The folder runtime adapter loads may read from (``--lora-root``)."""
+    return tmp_path_factory.mktemp("lora-root")
+
+
+@pytest.fixture(scope="module")
+def server(lora_root):
     model, tokenizer, name = load_served_model("tiny")
     adapters = generated_adapters(model, count=2, rank=4)
     engine = Engine(model, tokenizer, adapters, EngineConfig(block_size=8, num_blocks=96,
                                                              max_queue=4), model_name=name)  # fmt: skip
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    uv = uvicorn.Server(uvicorn.Config(create_app(engine), host="127.0.0.1", port=port,
-                                       log_level="warning"))  # fmt: skip
-    thread = threading.Thread(target=uv.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if uv.started:
-            break
-        time.sleep(0.05)
-    assert uv.started
-    yield (
-        engine,
-        f"http://127.0.0.1:{port}",
-        openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-"),
-    )
-    uv.should_exit = True
-    thread.join(timeout=10)
+    access = Access(lora_updating=True, lora_roots=(lora_root,))
+    with served(create_app(engine, access=access)) as url:
+        client = openai.OpenAI(base_url=f"{url}/v1", api_key="-", timeout=60, max_retries=0)
+        yield engine, url, client
 
 
 def _idle(engine):
@@ -106,19 +97,19 @@ def test_errors_are_openai_shaped(server):
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "prompt"
 
 
-def test_models_and_adapter_loading(server, tmp_path):
+def test_models_and_adapter_loading(server, lora_root):
     engine, base, client = server
     listed = {m.id: m for m in client.models.list().data}
     assert listed["lora-0"].parent == "tiny" and listed["tiny"].parent is None
-    save_adapter(_adapters(engine)["lora-0"], tmp_path / "copy", "tiny")
+    save_adapter(_adapters(engine)["lora-0"], lora_root / "copy", "tiny")
     loaded = httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
-                        json={"lora_name": "copy", "lora_path": str(tmp_path / "copy")})  # fmt: skip
+                        json={"lora_name": "copy", "lora_path": str(lora_root / "copy")})  # fmt: skip
     assert loaded.status_code == 200
     a = client.completions.create(model="copy", prompt="hey", max_tokens=8, temperature=0)
     b = client.completions.create(model="lora-0", prompt="hey", max_tokens=8, temperature=0)
     assert a.choices[0].text == b.choices[0].text  # the same weights under a new name
     bad = httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
-                     json={"lora_name": "x", "lora_path": str(tmp_path / "none")})  # fmt: skip
+                     json={"lora_name": "x", "lora_path": str(lora_root / "none")})  # fmt: skip
     assert bad.status_code == 400 and "lora_path" in bad.json()["error"]["message"]
     gone = httpx.post(f"{base}/v1/unload_lora_adapter", json={"lora_name": "copy"}, trust_env=False)
     assert gone.status_code == 200
@@ -146,16 +137,18 @@ def test_disconnect_frees_blocks_and_full_queue_is_429(server):
     barrier = threading.Barrier(30)
 
     def flood():
-        barrier.wait()  # all at once: 8 fit the cache, 4 may wait, the rest are refused
+        barrier.wait(timeout=60)  # all at once: 8 fit the cache, 4 may wait, the rest refused
         r = httpx.post(f"{base}/v1/completions", json={**body, "stream": False, "max_tokens": 50},
                        timeout=60, trust_env=False)  # fmt: skip
         statuses.append(r.status_code)
 
-    threads = [threading.Thread(target=flood) for _ in range(30)]
+    threads = [threading.Thread(target=flood, daemon=True) for _ in range(30)]
     for t in threads:
         t.start()
+    deadline = time.monotonic() + 120
     for t in threads:
-        t.join()
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    assert not any(t.is_alive() for t in threads), "flood requests still waiting after 120 s"
     assert set(statuses) == {200, 429}
     _idle(engine)
     assert engine.blocks.in_use == engine.memory.adapter_blocks()
@@ -185,11 +178,11 @@ def test_bad_token_ids_are_refused_and_stop_text_is_held_back(server):
     assert _held_back("abc", ("cd",)) == 1 and _held_back("abc", ("zz",)) == 0
 
 
-def test_unloading_an_adapter_forgets_its_cached_prefixes(server, tmp_path):
+def test_unloading_an_adapter_forgets_its_cached_prefixes(server, lora_root):
     engine, base, client = server
-    save_adapter(_adapters(engine)["lora-1"], tmp_path / "temp", "tiny")
+    save_adapter(_adapters(engine)["lora-1"], lora_root / "temp", "tiny")
     httpx.post(f"{base}/v1/load_lora_adapter", trust_env=False,
-               json={"lora_name": "temp", "lora_path": str(tmp_path / "temp")})  # fmt: skip
+               json={"lora_name": "temp", "lora_path": str(lora_root / "temp")})  # fmt: skip
     client.completions.create(model="temp", prompt="x" * 40, max_tokens=2)
     _idle(engine)
     assert any(engine.blocks.owner[b] == "temp" for b in engine.blocks.idle)

@@ -6,7 +6,9 @@ Azure LLM trace (``--trace``, time-compressed and length-scaled). Adapters are t
 server lists under its base model (``/v1/models``), the first ``--num-adapters`` of them.
 The result is vLLM's metrics (TTFT, TPOT, ITL, end-to-end at the mean, median and
 percentiles, throughput, goodput under ``--goodput ttft:MS tpot:MS``), printed and, with
-``--save-result``, written as JSON.
+``--save-result``, written as JSON. A request that failed is reported with its reason on
+stderr and the exit code is then 1; an empty completion (the model ended at once) is not a
+failure (``serve/bench_client.py``).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import argparse
 import asyncio
 import json
 import math
+import sys
+from collections import Counter
 
 import httpx
 
@@ -118,4 +122,15 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
     if args.save_result:
         write_text_atomic(args.save_result, json.dumps(result, indent=2))
         print(f"wrote {args.save_result}")
+    _report_failures(timings)
     return 0 if not result.get("failed") else 1
+
+
+def _report_failures(timings, shown: int = 5) -> None:
+    """Each distinct reason requests failed for (the first ``shown``), with its count, on
+    stderr: a failed count alone says nothing of what to fix."""
+    reasons = Counter(t.error for t in timings if not t.ok)
+    for reason, count in reasons.most_common(shown):
+        print(f"failed: {count} request(s): {reason}", file=sys.stderr)
+    if len(reasons) > shown:
+        print(f"failed: ... and {len(reasons) - shown} other reason(s)", file=sys.stderr)

@@ -2,9 +2,15 @@
 
 Both load the same way (``serve/loading.py``): ``--model`` a legato run directory, or a
 preset (random weights, or ``--weights`` HF safetensors); ``--adapters`` PEFT folders or
-folders of them. With no ``--adapters``, ``serve`` makes four random ones (``lora-0`` ...)
-so it runs on a fresh machine. ``serve --replicas N`` runs N engines behind Ray Serve on
-this host, routed by adapter and load. Flag names follow vLLM's where it has one.
+folders of them. Only the bare demo — a preset on random weights and no ``--adapters`` —
+gets four random adapters (``lora-0`` ...), so it runs on a fresh machine; real weights
+(a run directory or ``--weights``) are served with exactly the adapters given (random ones
+would be noise listed beside a real model), and ``--adapters`` with no folder means none.
+``serve --replicas N`` runs N engines behind Ray Serve on this host, routed by adapter and
+load. The port is bound before the model loads, so a busy one fails at once. The guard
+(``serve/access.py``: ``--api-key``, ``--max-request-bytes``, ``--enable-lora-updating``,
+``--lora-root``) is the same for one engine and for replicas. Flag names follow vLLM's
+where it has one.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from pathlib import Path
 
 from legato.errors import ConfigError
 from legato.serve.policies import DEFAULT_LINK_GBPS, POLICIES
+
+API_KEY_ENV = "LEGATO_API_KEY"  # as VLLM_API_KEY: a key kept out of the process list
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
@@ -60,9 +68,13 @@ def _model_flags(parser: argparse.ArgumentParser) -> None:
 def register(subparsers: argparse._SubParsersAction) -> None:
     serve = subparsers.add_parser("serve", help="serve a model and LoRA adapters over HTTP")
     _model_flags(serve)
-    serve.add_argument("--adapters", nargs="*", default=None, help="PEFT adapter folders")
+    serve.add_argument(
+        "--adapters", nargs="*", default=None,
+        help="PEFT adapter folders (default: four random ones on a random-weight preset, "
+        "none on real weights; the flag alone: none)",
+    )  # fmt: skip
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on")
-    serve.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
     serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429")
     serve.add_argument(
         "--replicas", type=int, default=1,
@@ -71,6 +83,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--adapters-per-replica", type=int, default=8,
         help="with --replicas: adapters a replica holds before its least recently used leaves",
+    )  # fmt: skip
+    serve.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help=f"require 'Authorization: Bearer KEY' on every /v1 route (default: ${API_KEY_ENV})",
+    )  # fmt: skip
+    serve.add_argument(
+        "--max-request-bytes", default=None, metavar="SIZE",
+        help="largest request body, e.g. 4MiB (default); larger ones are refused with 413",
+    )  # fmt: skip
+    serve.add_argument(
+        "--enable-lora-updating", action="store_true",
+        help="allow /v1/load_lora_adapter and /v1/unload_lora_adapter (needs --lora-root)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--lora-root", action="append", default=[], metavar="DIR",
+        help="with --enable-lora-updating: a folder runtime loads may read under (repeatable)",
     )  # fmt: skip
     serve.set_defaults(func=_serve)
     generate = subparsers.add_parser("generate", help="one completion from a model or adapter")
@@ -100,7 +128,9 @@ def _engine_config(args: argparse.Namespace):
         raise ConfigError(f"--max-cpu-loras: must be >= 0, got {args.max_cpu_loras}")
     if args.max_lora_rank < 0:
         raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
-    device_memory = 0 if args.device_memory is None else _bytes(args.device_memory)
+    device_memory = (
+        0 if args.device_memory is None else _bytes(args.device_memory, "--device-memory")
+    )
     if not args.swap_space >= 0:
         raise ConfigError(f"--swap-space: must be >= 0 GiB, got {args.swap_space}")
     return EngineConfig(
@@ -116,20 +146,32 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12,
           "KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}  # fmt: skip
 
 
-def _bytes(text: str) -> int:
-    """``--device-memory``: bytes, or a number with a unit (KB/MB/GB: powers of 1000,
-    KiB/MiB/GiB: powers of 1024)."""
+def _bytes(text: str, flag: str) -> int:
+    """A size flag: bytes, or a number with a unit (KB/MB/GB: powers of 1000, KiB/MiB/GiB:
+    powers of 1024)."""
     number = text.strip().rstrip("bBiIkKmMgGtT")
     unit = text.strip()[len(number) :].upper()
     try:
         value = float(number) * _UNITS[unit]
     except (KeyError, ValueError):
         raise ConfigError(
-            f"--device-memory: expected bytes or a size such as 64MiB or 2GB, got {text!r}"
+            f"{flag}: expected bytes or a size such as 64MiB or 2GB, got {text!r}"
         ) from None
-    if value <= 0:
-        raise ConfigError(f"--device-memory: must be > 0, got {text!r}")
+    if value < 1:
+        raise ConfigError(f"{flag}: must be at least 1 byte, got {text!r}")
     return int(value)
+
+
+def _access(args: argparse.Namespace):
+    """The guard of ``serve`` (one engine or replicas) from its flags; an empty
+    ``$LEGATO_API_KEY`` counts as unset."""
+    from legato.serve.access import DEFAULT_MAX_REQUEST_BYTES, Access
+
+    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    size = args.max_request_bytes
+    limit = DEFAULT_MAX_REQUEST_BYTES if size is None else _bytes(size, "--max-request-bytes")
+    roots = tuple(Path(root) for root in args.lora_root)
+    return Access(key, limit, args.enable_lora_updating, roots)
 
 
 def _engine(args: argparse.Namespace, adapters, folders: dict | None = None):
@@ -143,32 +185,54 @@ def _engine(args: argparse.Namespace, adapters, folders: dict | None = None):
 
 
 def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
+    from legato.serve.server import listen
+
+    access = _access(args)
+    sock = listen(args.host, args.port)  # a busy port fails here, before anything loads
     if args.replicas != 1:
-        return _serve_replicas(args)
+        sock.close()  # Ray Serve's proxy binds it; this only checked that it is free
+        return _serve_replicas(args, access)
     import uvicorn
 
-    from legato.lora.peft_io import load_adapter
-    from legato.serve.loading import adapter_folders, generated_adapters
     from legato.serve.server import create_app
 
+    with sock:
+        engine, roots = _served_engine(args)
+        names = ", ".join(engine.adapters) or "none"
+        port = sock.getsockname()[1]
+        print(f"serving {engine.model_name} with adapters {names} on http://{args.host}:{port}/v1",
+              file=sys.stderr)  # fmt: skip
+        config = uvicorn.Config(create_app(engine, roots, access), log_level="warning")
+        uvicorn.Server(config).run(sockets=[sock])
+    return 0
+
+
+def _demo_adapters(args: argparse.Namespace) -> bool:
+    """Whether ``serve`` makes random adapters: only for the bare demo (no ``--adapters``
+    flag, random weights), see the module docstring."""
+    from legato.serve.loading import random_weights
+
+    return args.adapters is None and random_weights(args.model, args.weights)
+
+
+def _served_engine(args: argparse.Namespace):
+    """The engine of ``serve`` and each adapter's folder (what /v1/models lists)."""
+    from legato.lora.peft_io import load_adapter
+    from legato.serve.loading import adapter_folders, generated_adapters
+
     folders = adapter_folders(args.adapters) if args.adapters else {}
+    demo = _demo_adapters(args)
 
     def adapters(model):
-        if not folders:
+        if demo:
             return generated_adapters(model)
         return {name: load_adapter(f, model).eval() for name, f in folders.items()}
 
     engine = _engine(args, adapters, folders)
-    names = ", ".join(engine.adapters) or "none"
-    print(f"serving {engine.model_name} with adapters {names} on http://{args.host}:{args.port}/v1",
-          file=sys.stderr)  # fmt: skip
-    roots = {n: str(folders.get(n, n)) for n in engine.adapters}  # /v1/models lists the folders
-    uvicorn.run(create_app(engine, roots), host=args.host,
-                port=args.port, log_level="warning")  # fmt: skip
-    return 0
+    return engine, {n: str(folders.get(n, n)) for n in engine.adapters}
 
 
-def _serve_replicas(args: argparse.Namespace) -> int:
+def _serve_replicas(args: argparse.Namespace, access) -> int:
     """``--replicas N``: N engines behind Ray Serve on this host (serve/replicas.py)."""
     import shutil
     import tempfile
@@ -180,13 +244,14 @@ def _serve_replicas(args: argparse.Namespace) -> int:
 
     spec = ReplicaSpec(args.model, args.weights, args.tokenizer, _engine_config(args))
     made = None
-    if not args.adapters:  # the built-in default: write the generated adapters as PEFT folders
+    if _demo_adapters(args):  # the built-in demo: write the generated adapters as PEFT folders
         model, _, base = load_served_model(args.model, args.weights, args.tokenizer)
         made = tempfile.mkdtemp(prefix="legato-adapters-")
         for name, adapter in generated_adapters(model).items():
             save_adapter(adapter, Path(made) / name, base)
     try:
-        app = build_app(spec, args.adapters or [made], args.replicas, args.adapters_per_replica)
+        folders = [made] if made else args.adapters or []
+        app = build_app(spec, folders, args.replicas, args.adapters_per_replica, access)
         with ray_serve(app, args.host, args.port, max(os.cpu_count() or 1, args.replicas)) as url:
             print(f"serving {args.replicas} replicas of {args.model} on {url}/v1 (Ray Serve); "
                   "Ctrl-C stops", file=sys.stderr)  # fmt: skip
@@ -211,5 +276,11 @@ def _generate(args: argparse.Namespace, _extra: list[str]) -> int:
                             stop=tuple(args.stop))  # fmt: skip
     adapter = next(iter(engine.adapters), None)
     (request,) = engine.generate([engine.tokenizer.encode(args.prompt)], params, [adapter])
-    print(request.text)
+    if request.text:
+        print(request.text)
+    else:  # a bare empty line reads as a crash; say what happened
+        n = len(request.output)
+        how = "the model ended at once" if not n else f"no text from {n} token(s)"
+        print(f"legato: empty answer: {how} (finish_reason: {request.finish_reason})",
+              file=sys.stderr)  # fmt: skip
     return 0

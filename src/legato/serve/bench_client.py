@@ -9,8 +9,11 @@ is vLLM's: ``stream`` with ``include_usage``, ``max_tokens`` = the request's out
 The model is the adapter's name, or the base model's for a base-model request.
 
 A chunk that carries text is a token time; the final usage chunk gives the exact token
-counts (without one, each text chunk counts as one token). A request fails (and the run goes
-on) on an HTTP error status, an ``error`` event, a broken stream or no text at all.
+counts (without one, each text chunk counts as one token). A request succeeds when its
+stream answers a choice and ends with ``data: [DONE]``, even with no text at all: a model
+that ends at once (EOS first) has answered, in the time of that first choice (its TTFT and
+end). It fails, with the reason in ``error`` (and the run goes on), on an HTTP error status,
+an ``error`` event, a stream that breaks or closes before ``[DONE]``, or one with no choice.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import contextlib
 import json
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import httpx
 from rich.console import Console
@@ -97,45 +101,63 @@ async def _send(
         ok=False,
         error=None,
     )
-    usage = None
+    stream = _Stream()
     try:
         async with client.stream("POST", url, json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode("utf-8", errors="replace")
                 timing.error = f"HTTP {response.status_code}: {text.strip()[:500]}"
             else:
-                usage = await _read_events(response, timing, t0)
+                await _read_events(response, timing, stream, t0)
     except Exception as exc:  # one broken request must not end the benchmark
         timing.error = f"{type(exc).__name__}: {exc}"
-    timing.end_s = timing.token_times[-1] if timing.token_times else time.perf_counter() - t0
-    if timing.token_times and timing.error is None:
-        timing.ok = True
-        timing.first_token_s = timing.token_times[0]
-        timing.output_tokens = len(timing.token_times)
-        if usage:
-            timing.output_tokens = usage.get("completion_tokens") or timing.output_tokens
-            timing.prompt_tokens = usage.get("prompt_tokens") or timing.prompt_tokens
-    elif timing.error is None:
-        timing.error = "the stream ended without any text"
+    if timing.error is None and not stream.done:
+        timing.error = "the stream closed before data: [DONE]"
+    elif timing.error is None and stream.answered_s is None:
+        timing.error = "the stream ended without a choice (no completion in it)"
+    if timing.error is not None:
+        timing.end_s = time.perf_counter() - t0
+        return timing
+    timing.ok = True
+    times = timing.token_times or [stream.answered_s]  # no text: answered by its first choice
+    timing.first_token_s, timing.end_s = times[0], times[-1]
+    timing.output_tokens = len(timing.token_times)
+    usage = stream.usage or {}
+    if isinstance(usage.get("completion_tokens"), int):
+        timing.output_tokens = usage["completion_tokens"]
+    timing.prompt_tokens = usage.get("prompt_tokens") or timing.prompt_tokens
     return timing
 
 
-async def _read_events(response: httpx.Response, timing: RequestTiming, t0: float) -> dict | None:
+@dataclass
+class _Stream:
+    """What one event stream said besides its token times."""
+
+    done: bool = False  # data: [DONE] arrived
+    answered_s: float | None = None  # when the first choice arrived
+    usage: dict | None = None  # the last usage seen
+
+
+async def _read_events(
+    response: httpx.Response, timing: RequestTiming, stream: _Stream, t0: float
+) -> None:
     """Read server-sent events to ``data: [DONE]``: text chunk times into ``timing``, an
-    error event into ``timing.error``; returns the last usage seen."""
-    usage = None
+    error event into ``timing.error``, the rest into ``stream``."""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # blank separators, comments, other fields
         data = line[len("data:") :].strip()
         if data == "[DONE]":
+            stream.done = True
             break
         event = json.loads(data)
         if "error" in event:
             timing.error = f"server error: {event['error']}"
             break
+        now = time.perf_counter() - t0
         choices = event.get("choices") or []
+        if choices and stream.answered_s is None:
+            stream.answered_s = now
         if choices and choices[0].get("text"):
-            timing.token_times.append(time.perf_counter() - t0)
-        usage = event.get("usage") or usage
-    return usage
+            timing.token_times.append(now)
+        stream.usage = event.get("usage") or stream.usage

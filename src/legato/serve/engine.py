@@ -198,11 +198,13 @@ class Engine:
         if any(not isinstance(t, int) or not 0 <= t < vocab for t in prompt):
             raise RequestError(f"prompt: token ids must be in [0, {vocab})", 400, "prompt")
         total = len(prompt) + params.max_tokens
-        if total > self.max_model_len:
+        if total > self.max_model_len:  # the prompt's field when it leaves no room by itself
+            field = "prompt" if len(prompt) >= self.max_model_len else "max_tokens"
             raise RequestError(
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"you requested {total} tokens ({len(prompt)} in the prompt, "
-                f"{params.max_tokens} in the completion).", 400, "max_tokens",
+                f"{params.max_tokens} in the completion). Please reduce the length of the "
+                f"prompt or max_tokens.", 400, field,
             )  # fmt: skip
         room = self.kv_blocks - (self.memory.blocks_of(adapter) if adapter and
                                  not self.policy.separate_slots else 0)  # fmt: skip

@@ -5,7 +5,8 @@ tokenizer come from it), or a preset name with random weights, or a preset with 
 Face-named safetensors (``--weights``). Adapters are PEFT folders — what ``legato
 finetune`` writes and what HF PEFT's ``save_pretrained`` writes — or folders of them; with
 none given, ``generated_adapters`` makes a few random ones so ``legato serve`` runs on a
-fresh machine.
+fresh machine — and only on random weights (``random_weights``): next to a real model they
+would be noise that ``/v1/models`` lists as if it were trained.
 """
 
 from __future__ import annotations
@@ -45,6 +46,13 @@ def load_served_model(
         except CheckpointError as exc:
             raise CheckpointError(f"--weights: {exc}") from None
     return built.eval(), load_tokenizer(tokenizer or "byte"), built.spec.name
+
+
+def random_weights(model: str, weights: str | None = None) -> bool:
+    """Whether ``load_served_model(model, weights)`` draws the weights at random (a preset
+    without ``--weights``, not a run directory)."""
+    path = Path(model).expanduser()
+    return not weights and not (path.is_dir() and is_legato_run(path))
 
 
 def adapter_folders(paths: list[str], flag: str = "--adapters") -> dict[str, Path]:

@@ -90,7 +90,8 @@ class UnloadLora(BaseModel):
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:
-    kinds = {404: "NotFoundError", 429: "RateLimitError", 500: "InternalServerError"}
+    kinds = {401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+             429: "RateLimitError", 500: "InternalServerError"}  # fmt: skip
     kind = kinds.get(status, "invalid_request_error")
     return {"error": {"message": message, "type": kind, "param": param, "code": status}}
 

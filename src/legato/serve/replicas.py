@@ -10,6 +10,8 @@ recently used one (``@serve.multiplexed``'s LRU) once its requests have finished
 must be readable where the replicas run (one host, or storage every node mounts). Each replica is the engine
 ``legato serve`` runs alone, with its own device pool and policy, answering through the same
 ``Frontend``; a whole answer names the replica that computed it in ``system_fingerprint``.
+The router's app is the single server's ``openai_app``: the same guard (``access.py``: API
+key, body bound, runtime adapter loads only under the lora roots) and the same errors.
 No cluster manager of our own: placement, health checks and restarts are Ray Serve's.
 
 No ``from __future__ import annotations`` here: Ray Serve ships the deployment classes by
@@ -23,7 +25,6 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import ray
 import torch
@@ -35,6 +36,7 @@ from ray.serve.handle import DeploymentHandle
 
 from legato.errors import CheckpointError, ConfigError
 from legato.lora.peft_io import CONFIG_FILE, load_adapter
+from legato.serve.access import Access
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.frontend import Frontend
 from legato.serve.loading import adapter_folders, load_served_model
@@ -122,20 +124,22 @@ def replica_deployment(adapters_per_replica: int):
 @serve.deployment(ray_actor_options={"num_cpus": 0})  # it only waits on replicas
 @serve.ingress()
 class Router:
-    """The OpenAI API in front of the replicas; the one place that knows each adapter's
-    folder. A load gives the name a new multiplexed id (``name#version``), so a replica never
-    answers with a copy it loaded before an unload and reload of that name."""
+    """The OpenAI API in front of the replicas, behind the same guard as the single server
+    (``access``); the one place that knows each adapter's folder. A load gives the name a new
+    multiplexed id (``name#version``), so a replica never answers with a copy it loaded
+    before an unload and reload of that name."""
 
-    def __init__(self, replicas: DeploymentHandle, base: str, folders: dict[str, str]) -> None:
-        self.replicas, self.base = replicas, base
+    def __init__(
+        self, replicas: DeploymentHandle, base: str, folders: dict[str, str], access: Access
+    ) -> None:
+        self.replicas, self.base, self.access = replicas, base, access
         self.folders = {name: (folder, 0) for name, folder in folders.items()}
         self._versions = itertools.count(1)
 
     def __serve_build_asgi_app__(self) -> FastAPI:
-        from legato.serve.server import add_error_handlers
+        from legato.serve.server import openai_app
 
-        app = FastAPI(title="legato (Ray Serve)")
-        add_error_handlers(app)
+        app = openai_app("legato (Ray Serve)", self.access)
 
         def target(model: str, stream: bool) -> tuple[DeploymentHandle, str | None]:
             if model == self.base:
@@ -171,19 +175,21 @@ class Router:
 
         @app.post("/v1/load_lora_adapter")
         async def load_lora(body: LoadLora):
+            folder = self.access.adapter_folder(body.lora_path)
             if body.lora_name == self.base:
                 raise RequestError("lora_name: that is the base model's name", 400, "lora_name")
             if body.lora_name in self.folders:  # as vLLM: unload first
                 raise RequestError(f"lora_name: {body.lora_name!r} is already loaded", 400,
                                    "lora_name")  # fmt: skip
-            if not (Path(body.lora_path) / CONFIG_FILE).is_file():
+            if not (folder / CONFIG_FILE).is_file():
                 raise RequestError(f"lora_path: {body.lora_path} is not a PEFT adapter folder "
                                    f"({CONFIG_FILE})", 400, "lora_path")  # fmt: skip
-            self.folders[body.lora_name] = (body.lora_path, next(self._versions))
+            self.folders[body.lora_name] = (str(folder), next(self._versions))
             return Response(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
         @app.post("/v1/unload_lora_adapter")
         async def unload_lora(body: UnloadLora):
+            self.access.check_updating()
             if self.folders.pop(body.lora_name, None) is None:
                 raise RequestError(f"model: no adapter named {body.lora_name!r}", 404, "lora_name")
             return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
@@ -206,9 +212,16 @@ def _cause(exc: RayTaskError) -> Exception:
     return cause if isinstance(cause, RequestError) else RequestError(str(exc), 500)
 
 
-def build_app(spec: ReplicaSpec, adapters: list[str], replicas: int, adapters_per_replica: int):
+def build_app(
+    spec: ReplicaSpec,
+    adapters: list[str],
+    replicas: int,
+    adapters_per_replica: int,
+    access: Access | None = None,
+):
     """The Ray Serve application: ``replicas`` engines (one CPU each) behind a router,
-    serving the PEFT folders of ``adapters`` (as ``legato serve --adapters``)."""
+    serving the PEFT folders of ``adapters`` (as ``legato serve --adapters``), guarded by
+    ``access`` (default: no key, no runtime adapter loading)."""
     if replicas < 1 or adapters_per_replica < 1:
         raise ConfigError(
             f"--replicas and --adapters-per-replica: must be >= 1, got {replicas} and "
@@ -223,16 +236,20 @@ def build_app(spec: ReplicaSpec, adapters: list[str], replicas: int, adapters_pe
     engine = replica_deployment(adapters_per_replica).options(
         num_replicas=replicas, ray_actor_options={"num_cpus": 1}
     )
-    return Router.bind(engine.bind(spec), base, folders)
+    return Router.bind(engine.bind(spec), base, folders, access or Access())
 
 
 @contextmanager
-def ray_serve(app, host: str, port: int, cpus: int | None = None) -> Iterator[str]:
+def ray_serve(
+    app, host: str, port: int, cpus: int | None = None, temp_dir: str | None = None
+) -> Iterator[str]:
     """Run ``app`` (``build_app``) on a Ray instance started on this host's loopback for the
-    ``with`` block (``cpus``: logical CPUs, default the host's), HTTP on ``host:port``;
-    yields the base URL. Ray Serve and Ray are shut down when the block ends."""
+    ``with`` block (``cpus``: logical CPUs, default the host's; ``temp_dir``: Ray's session
+    folder, default Ray's, short enough for its Unix sockets), HTTP on ``host:port``; yields
+    the base URL. Ray Serve and Ray are shut down when the block ends."""
     ray.init(num_cpus=cpus or os.cpu_count() or 1, _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False, configure_logging=False)  # fmt: skip
+             include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _temp_dir=temp_dir)  # fmt: skip
     try:
         serve.start(http_options={"host": host, "port": port})
         serve.run(app, name="legato", route_prefix="/")
