@@ -156,3 +156,25 @@ def test_bench_serve_exits_by_failures_and_says_why(server_url, model, code, say
         assert "failed:" not in err
     else:
         assert says in err, err
+
+
+def test_bench_serve_against_legato_behind_an_api_key(capsys, monkeypatch):
+    from legato.cli.serve import API_KEY_ENV
+    from legato.serve.access import Access
+    from legato.serve.engine import Engine, EngineConfig
+    from legato.serve.loading import generated_adapters, load_served_model
+    from legato.serve.server import create_app
+
+    monkeypatch.delenv(API_KEY_ENV, raising=False)
+    model, tokenizer, name = load_served_model("tiny")
+    adapters = generated_adapters(model, count=2, rank=2)
+    engine = Engine(model, tokenizer, adapters, EngineConfig(block_size=8, num_blocks=64),
+                    model_name=name)  # fmt: skip
+    argv = ["bench", "serve", "--num-prompts", "6", "--input-len", "4,9", "--output-len", "1,4"]
+    with served(create_app(engine, access=Access(api_key="sk-bench"))) as url:
+        assert main([*argv, "--base-url", url]) == 2
+        assert "--api-key: the server at" in capsys.readouterr().err
+        monkeypatch.setenv(API_KEY_ENV, "sk-bench")
+        assert main([*argv, "--base-url", url]) == 0
+    out = capsys.readouterr().out
+    assert "completed              6" in out and "failed                 0" in out

@@ -17,12 +17,14 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import sys
 from collections import Counter
 
 import httpx
 
 from legato.atomic import write_text_atomic
+from legato.cli.serve import API_KEY_ENV
 from legato.errors import ConfigError
 
 
@@ -32,6 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands.required = True
     serve = commands.add_parser("serve", help="send a request stream to a server, measure it")
     serve.add_argument("--base-url", default="http://127.0.0.1:8000", help="the server")
+    serve.add_argument(
+        "--api-key", default=None, metavar="KEY",
+        help=f"the server's --api-key (default: ${API_KEY_ENV})",
+    )  # fmt: skip
     serve.add_argument("--model", help="the base model's name (default: the server's)")
     serve.add_argument("--num-prompts", type=int, default=100)
     serve.add_argument("--request-rate", type=float, default=math.inf, help="requests/s (inf)")
@@ -73,10 +79,15 @@ def _slos(items: list[str]) -> dict[str, float]:
     return slos
 
 
-def _served(base_url: str, model: str | None) -> tuple[str, list[str]]:
+def _served(base_url: str, model: str | None, api_key: str | None) -> tuple[str, list[str]]:
     """The base model's name and its adapters, from ``/v1/models``."""
+    from legato.serve.bench_client import bearer
+
     try:
-        rows = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10, trust_env=False)
+        rows = httpx.get(base_url.rstrip("/") + "/v1/models", timeout=10, trust_env=False,
+                         headers=bearer(api_key))  # fmt: skip
+        if rows.status_code == 401:
+            raise ConfigError(f"--api-key: the server at {base_url} wants a valid API key")
         rows.raise_for_status()
         data = rows.json()["data"]
     except (httpx.HTTPError, ValueError, KeyError) as exc:
@@ -92,7 +103,8 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.serve.workload import azure_trace, synthetic
 
     slos = _slos(args.goodput)
-    base, adapters = _served(args.base_url, args.model)
+    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
+    base, adapters = _served(args.base_url, args.model, api_key)
     if args.num_adapters is not None:
         if not 0 <= args.num_adapters <= len(adapters):
             raise ConfigError(
@@ -108,7 +120,7 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
                              args.alpha, _lengths("--input-len", args.input_len),
                              _lengths("--output-len", args.output_len), args.seed)  # fmt: skip
     timings, duration = asyncio.run(
-        run_benchmark(args.base_url, base, requests, args.max_concurrency)
+        run_benchmark(args.base_url, base, requests, args.max_concurrency, api_key=api_key)
     )
     result = summarize(timings, duration, slos.get("ttft"), slos.get("tpot"))
     result |= {"model": base, "adapters": len(adapters), "alpha": args.alpha,

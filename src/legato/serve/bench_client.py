@@ -41,9 +41,11 @@ async def run_benchmark(
     max_concurrency: int | None = None,
     timeout_s: float = 600.0,
     progress: bool = True,
+    api_key: str | None = None,
 ) -> tuple[list[RequestTiming], float]:
     """Every request's timing, in request order, and the wall time from the first send to
-    the last answer. ``timeout_s`` bounds each wait (connect, first byte, next chunk)."""
+    the last answer. ``timeout_s`` bounds each wait (connect, first byte, next chunk);
+    ``api_key`` is sent as ``Authorization: Bearer`` (a server started with ``--api-key``)."""
     if max_concurrency is not None and max_concurrency < 1:
         raise ConfigError(f"--max-concurrency: must be >= 1, got {max_concurrency}")
     url = base_url.rstrip("/") + "/v1/completions"
@@ -54,7 +56,8 @@ async def run_benchmark(
     columns = (TextColumn("requests"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     bar = Progress(*columns, console=Console(stderr=True), disable=not progress)
     # trust_env=False: no HTTP(S)_PROXY detour between the client and the server it measures.
-    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(timeout_s), limits=limits, trust_env=False,
+                               headers=bearer(api_key))  # fmt: skip
     async with client:
         with bar:
             task = bar.add_task("requests", total=len(requests))
@@ -72,6 +75,11 @@ async def run_benchmark(
             )
             duration = time.perf_counter() - t0
     return list(timings), duration
+
+
+def bearer(api_key: str | None) -> dict[str, str]:
+    """The headers that carry ``api_key`` (none without one)."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
 
 def _body(request: BenchRequest, base_model: str) -> dict:
