@@ -306,3 +306,27 @@ def test_plan_scores_with_the_runtime(capsys):
     assert plans[0]["strategy"] != plans[1]["strategy"]
     code, out, _ = run(capsys, "predict", *target, "--strategy", plans[0]["strategy"], *eager)
     assert plans[1]["step_time_s"] <= json.loads(out)["step_time_s"]
+
+
+def test_a_multi_node_plan_config_names_the_torchrun_command(capsys, monkeypatch, tmp_path):
+    """The config records nodes x processes per node, and `legato train` on one host says
+    how to start it instead of failing on the device count."""
+    from legato.train.config import load_config
+
+    monkeypatch.setattr(cli, "COMMAND_GROUPS", ("plan", "train"))
+    out = tmp_path / "plan.toml"
+    code, _, err = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100",
+                       "--nodes", "8", "--gbs", "512", "--config", str(out))  # fmt: skip
+    assert code == 0 and f"wrote {out}" in err
+    parallel = load_config(out).parallel
+    assert (parallel.nodes, parallel.nproc) == (8, 8)
+    code, _, err = run(capsys, "train", str(out), "--train.steps", "10")
+    command = (
+        "torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 "
+        f"-m legato.cli.main train {out} --train.steps=10"
+    )
+    assert code == 2 and err.strip() == (
+        "legato: error: parallel.nodes: the job runs on 64 processes (8 hosts x 8) and "
+        "`legato train` starts them on this host only; run on every host, with HOST the "
+        f"first host's address: {command}"
+    )

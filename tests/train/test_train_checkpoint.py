@@ -54,8 +54,9 @@ def test_auto_resume_in_the_run_dir_and_pruning(small_train_args, run_dir: Path)
     assert again.steps == [5, 6]
     records = (run_dir / "metrics.jsonl").read_text().splitlines()
     assert [json.loads(r)["step"] for r in records] == [1, 2, 3, 4, 5, 6]
-    fresh = _fit(small_train_args(run_dir, "--train.steps=2", "--checkpoint.resume=none"))
+    fresh = _fit(small_train_args(run_dir, "--train.steps=2", "--run.fresh=true"))
     assert fresh.steps == [1, 2] and fresh.losses == first.losses[:2]
+    assert sorted(p.name for p in root.glob("step_*")) == []  # checkpoint.every = 0
 
 
 def _truncate(path: Path) -> None:
@@ -164,11 +165,45 @@ def test_garbled_shard_with_consistent_sizes(full_run, small_train_args, tmp_pat
     assert "\n" not in str(info.value)
 
 
-def test_dangling_latest_pointer(full_run, small_train_args, tmp_path: Path) -> None:
+def _noted(capsys: pytest.CaptureFixture[str]) -> str:
+    [line] = [x for x in capsys.readouterr().out.splitlines() if "newest intact" in x]
+    return line
+
+
+def test_dangling_latest_pointer_falls_back_to_the_newest_intact_checkpoint(
+    full_run, small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     run = shutil.copytree(full_run[0], tmp_path / "run")
-    (run / "checkpoints" / "latest").write_text("step_000999\n")
-    with pytest.raises(CheckpointError, match=r"step_000999.*not a checkpoint"):
-        _fit(small_train_args(run))
+    latest = run / "checkpoints" / "latest"
+    latest.write_text("step_000999\n")
+    resumed = _fit(small_train_args(run, "--checkpoint.every=3", "--checkpoint.keep=5"))
+    assert resumed.steps == []  # step 6 of 6: nothing left to train
+    assert _noted(capsys) == (
+        f"{latest}: points to 'step_000999', which is not a checkpoint; resuming from the "
+        f"newest intact checkpoint, {run / 'checkpoints' / 'step_000006'}"
+    )
+
+
+def test_deleted_latest_resumes_the_newest_intact_checkpoint_and_keeps_the_run(
+    full_run, small_train_args, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Deleting ``latest`` used to restart at step 0 in a folder full of checkpoints,
+    rewriting the records and pruning the real checkpoints away."""
+    full_dir, full = full_run
+    run = shutil.copytree(full_dir, tmp_path / "run")
+    root = run / "checkpoints"
+    (root / "latest").unlink()
+    _overwrite_middle(root / "step_000006" / "__0_0.distcp")  # the newest is damaged too
+    resumed = _fit(small_train_args(run, "--checkpoint.every=3", "--checkpoint.keep=5"))
+    assert resumed.steps == [4, 5, 6] and resumed.losses == full.losses[3:]
+    assert _noted(capsys) == (
+        f"{root / 'latest'} is missing; resuming from the newest intact checkpoint, "
+        f"{root / 'step_000003'} (skipped damaged step_000006)"
+    )
+    records = [json.loads(line) for line in (run / "metrics.jsonl").open()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [json.loads(line)["start_step"] for line in (run / "invocations.jsonl").open()] == [0, 3]
+    assert (root / "latest").read_text().strip() == "step_000006"
 
 
 def test_missing_resume_path(small_train_args, tmp_path: Path) -> None:

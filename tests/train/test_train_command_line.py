@@ -11,7 +11,7 @@ import pytest
 from legato.cli.main import main
 from legato.errors import ConfigError
 from legato.lora.config import load_finetune_config
-from legato.train.config import load_config, split_command_line
+from legato.train.config import TRAIN_FLAGS, load_config, split_command_line
 
 
 @pytest.mark.parametrize(
@@ -30,6 +30,20 @@ def test_space_and_equals_forms_give_the_same_config(tmp_path: Path, tokens: lis
     assert overrides == ["--train.steps=7", "--optim.lr=0.5"]
     config = load_config(config_path, overrides)
     assert (config.train.steps, config.optim.lr, config.train.log_every) == (7, 0.5, 2)
+
+
+def test_a_bool_field_may_stand_alone() -> None:
+    """``--run.fresh`` is ``--run.fresh=true``, and leaves the next token to be the config
+    file; other fields, and other commands' lines, still need a value."""
+    tokens = ["--run.fresh", "cfg.toml", "--train.fp8-all-gather", "false", "--run.fresh"]
+    assert split_command_line(tokens, TRAIN_FLAGS) == (
+        "cfg.toml",
+        ["--run.fresh=true", "--train.fp8-all-gather=false", "--run.fresh=true"],
+    )
+    with pytest.raises(ConfigError, match="this one has no value"):
+        split_command_line(["--run.fresh"])
+    with pytest.raises(ConfigError, match="this one has no value"):
+        split_command_line(["--train.steps"], TRAIN_FLAGS)
 
 
 def test_space_form_keeps_values_with_spaces_and_negative_numbers() -> None:

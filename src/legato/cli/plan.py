@@ -132,8 +132,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--config",
         metavar="OUT.toml",
         help="also write a `legato train` config that runs the fastest plan the trainer "
-        "executes (model, batch, dtype, parallel.strategy, nproc; parallel.cluster when "
-        "--cluster is a file)",
+        "executes (model, batch, dtype, parallel.strategy, nodes x nproc; parallel.cluster "
+        "when --cluster is a file)",
     )
     plan.set_defaults(func=_run_plan)
 
@@ -284,6 +284,7 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
             # a cluster file (calibrated) prices the run; a preset leaves it to the host
             parallel=ParallelSection(
                 nproc=cluster.devices_per_node,
+                nodes=cluster.nodes,
                 strategy=text,
                 cluster=args.cluster if os.path.isfile(args.cluster) else "",
             ),

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
 import sys
 
 from legato.errors import ConfigError
-from legato.parallel.job import AUTO
+from legato.parallel.job import AUTO, parse_strategy
 from legato.train.config import (
+    TRAIN_FLAGS,
     TrainConfig,
     load_config,
     make_run_dir,
@@ -44,7 +46,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.help_config:
         print(render_toml(header="legato train: every config field, with its default"), end="")
         return 0
-    config_path, extra = split_command_line(extra)  # CONFIG is not an argparse positional
+    # CONFIG is not an argparse positional
+    config_path, extra = split_command_line(extra, TRAIN_FLAGS)
     config = load_config(config_path, extra)
     if "LOCAL_RANK" in os.environ:  # a worker of torchrun or of our own launch
         return _run_worker(config)
@@ -72,8 +75,10 @@ def _run_worker(config: TrainConfig) -> int:
 
 def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: list[str]) -> int:
     from legato.parallel.process_group import resolve_device
+    from legato.train.run_dir import owned
 
     nproc = config.parallel.nproc
+    _refuse_other_hosts(config, config_path, extra)
     spec = resolve_model(config.model)  # fail on a bad model or layout before any process
     device = resolve_device(config.train.device)
     if config.parallel.strategy != AUTO:  # a strategy that cannot run fails before anything
@@ -103,21 +108,46 @@ def _run_here_or_launch(config: TrainConfig, config_path: str | None, extra: lis
     print(f"run directory: {run_dir}", flush=True)
     code = 1
     try:
-        if nproc == 1:
-            from legato.train.interrupt import EXIT_INTERRUPTED
-            from legato.train.trainer import Trainer
+        with owned(run_dir):  # for the whole run; the workers learn that it is held
+            if nproc == 1:
+                from legato.train.interrupt import EXIT_INTERRUPTED
+                from legato.train.trainer import Trainer
 
-            run = dataclasses.replace(config.run, dir=str(run_dir))
-            result = Trainer(dataclasses.replace(config, run=run)).fit()
-            code = EXIT_INTERRUPTED if result.interrupted else 0
-        else:
-            from legato.parallel.launch import launch
+                run = dataclasses.replace(config.run, dir=str(run_dir))
+                result = Trainer(dataclasses.replace(config, run=run)).fit()
+                code = EXIT_INTERRUPTED if result.interrupted else 0
+            else:
+                from legato.parallel.launch import launch
 
-            argv = ["-m", "legato.cli.main", "train"]
-            argv += [config_path] if config_path else []
-            code = launch(nproc, [*argv, *extra, f"--run.dir={run_dir}"])
+                argv = ["-m", "legato.cli.main", "train"]
+                argv += [config_path] if config_path else []
+                code = launch(nproc, [*argv, *extra, f"--run.dir={run_dir}"])
     finally:
         if code != 0 and not any(run_dir.iterdir()):
             run_dir.rmdir()  # a run that failed before writing anything leaves no trace
     print(f"run directory: {run_dir}", flush=True)
     return code
+
+
+def _refuse_other_hosts(config: TrainConfig, config_path: str | None, extra: list[str]) -> None:
+    """A job wider than this host's ``parallel.nproc`` processes (``parallel.nodes`` > 1,
+    or a strategy over more ranks) is started by torchrun on every host: one line that
+    gives the command. A width that is no multiple of nproc is left to the strategy's check."""
+    parallel = config.parallel
+    needed = parallel.nodes * parallel.nproc
+    if parallel.strategy != AUTO:
+        needed = max(needed, parse_strategy(parallel.strategy).world_size)
+    if needed <= parallel.nproc or needed % parallel.nproc:
+        return
+    nodes = needed // parallel.nproc
+    command = shlex.join(
+        ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(parallel.nproc),
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", "HOST:29500", "-m", "legato.cli.main",
+         "train", *([config_path] if config_path else []), *extra]
+    )  # fmt: skip
+    field = "parallel.nodes" if parallel.nodes == nodes else "parallel.strategy"
+    raise ConfigError(
+        f"{field}: the job runs on {needed} processes ({nodes} hosts x {parallel.nproc}) and "
+        "`legato train` starts them on this host only; run on every host, with HOST the "
+        f"first host's address: {command}"
+    )

@@ -15,7 +15,8 @@ finished and the manifest is complete, and ``latest`` is replaced atomically aft
 so a crash mid-save leaves the previous checkpoint in charge. Loading checks the manifest,
 the sizes and the checksums before DCP reads anything (DCP itself loads flipped bytes
 without complaint), so a damaged or foreign checkpoint is a one-line ``CheckpointError``
-naming the file.
+naming the file. A ``latest`` that is missing or names no checkpoint is not fatal: the
+run resumes from the newest checkpoint that verifies, and says so (``latest_intact``).
 
 Every entry is keyed by the full model's parameter names (FQNs), the optimizer state too
 (``flatten_optimizer_state_dict``: one key per parameter and moment, no per-rank list of
@@ -34,6 +35,7 @@ import re
 import shutil
 import warnings
 from collections.abc import Collection, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -121,13 +123,9 @@ def save_checkpoint(
 def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
     """Delete all but the newest ``keep`` checkpoints (never ``protect``, the one just
     written, even if a rerun left higher steps behind) and leftover temp dirs."""
-    steps = sorted(
-        (int(m.group(1)), p)
-        for p in root.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and p.is_dir() and p != protect
-    )
+    steps = [p for _, p in _steps(root) if p != protect]
     kept = keep - 1 if protect is not None else keep
-    doomed = [p for _, p in steps[: max(0, len(steps) - kept)]]
+    doomed = steps[: max(0, len(steps) - kept)]
     doomed += [p for p in root.glob(".tmp_step_*") if p.is_dir()]
     doomed += [p for p in root.glob(".old_step_*") if p.is_dir()]
     for path in doomed:
@@ -135,17 +133,21 @@ def prune(root: Path, keep: int, protect: Path | None = None) -> list[Path]:
     return doomed
 
 
-def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
-    """``checkpoint.resume``: 'none', 'auto' (the run's latest, if any) or a path.
+def _steps(root: Path) -> list[tuple[int, Path]]:
+    """``[(step, step directory), ...]`` of ``root``, oldest first."""
+    if not root.is_dir():
+        return []
+    return sorted(
+        (int(m.group(1)), p)
+        for p in root.iterdir()
+        if (m := _STEP_DIR.match(p.name)) and p.is_dir()
+    )
 
-    A path may name a step directory, a ``checkpoints/`` folder or a run directory.
-    """
-    if resume == "none":
-        return None
-    if resume == "auto":
-        root = run_dir / "checkpoints"
-        return _follow_latest(root) if (root / LATEST).is_file() else None
-    path = Path(resume).expanduser()
+
+def checkpoint_at(path: str | Path) -> Path:
+    """The checkpoint a path names: a step directory, or the latest of a ``checkpoints/``
+    folder or of a run directory (``checkpoint.resume`` = a path, ``legato eval``...)."""
+    path = Path(path).expanduser()
     for root in (path, path / "checkpoints"):
         if (root / LATEST).is_file():
             return _follow_latest(root)
@@ -154,8 +156,45 @@ def find_checkpoint(resume: str, run_dir: Path) -> Path | None:
     return path
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    """A checkpoint to resume from, its verified ``meta.json`` and, when it is not the one
+    ``latest`` names, the line that says why."""
+
+    path: Path
+    meta: dict[str, Any]
+    note: str = ""
+
+
+def latest_intact(root: Path) -> ResumePoint | None:
+    """``checkpoint.resume = 'auto'`` in ``root`` (a run's ``checkpoints/``): the checkpoint
+    ``latest`` names, verified (a damaged one is an error that names an earlier one); or,
+    when that pointer is missing or names no checkpoint, the newest step directory whose
+    files verify, noted; None when there is no such checkpoint."""
+    if (root / LATEST).is_file():
+        try:
+            named = _follow_latest(root)
+        except CheckpointError as exc:
+            why = str(exc)
+        else:
+            return ResumePoint(named, read_meta(named))
+    else:
+        why = f"{root / LATEST} is missing"
+    damaged = []
+    for _, path in reversed(_steps(root)):
+        try:
+            meta = read_meta(path)
+        except CheckpointError:
+            damaged.append(path.name)
+            continue
+        skipped = f" (skipped damaged {', '.join(damaged)})" if damaged else ""
+        note = f"{why}; resuming from the newest intact checkpoint, {path}{skipped}"
+        return ResumePoint(path, meta, note)
+    return None
+
+
 def _follow_latest(root: Path) -> Path:
-    name = (root / LATEST).read_text(encoding="utf-8").strip()
+    name = (root / LATEST).read_text(encoding="utf-8", errors="replace").strip()
     path = root / name
     if not _STEP_DIR.match(name) or not path.is_dir():
         raise CheckpointError(f"{root / LATEST}: points to {name!r}, which is not a checkpoint")
@@ -175,7 +214,8 @@ def read_meta(path: Path) -> dict[str, Any]:
     """The checkpoint's ``meta.json``, after checking every file it lists is whole:
     present, of its recorded size and (format 3) of its recorded sha256.
 
-    Not collective, and it reads every byte: a job calls ``read_meta_on_main``."""
+    Not collective, and it reads every byte: a job's rank 0 calls it and shares the
+    verdict (``run_dir.claim_run_dir``)."""
     meta_path = path / META
     if not meta_path.is_file():
         raise CheckpointError(
@@ -219,21 +259,6 @@ def read_meta(path: Path) -> dict[str, Any]:
     return meta
 
 
-def read_meta_on_main(ctx: DistContext, path: Path) -> dict[str, Any]:
-    """Collective ``read_meta``: rank 0 checks the checkpoint (every byte, once) and every
-    rank gets its verdict, so all raise the same one-line error or none does."""
-    outcome: dict[str, Any] | str | None = None
-    if ctx.is_main:
-        try:
-            outcome = read_meta(path)
-        except CheckpointError as exc:
-            outcome = str(exc)
-    outcome = ctx.broadcast_object(outcome)
-    if isinstance(outcome, str):
-        raise CheckpointError(outcome)
-    return outcome
-
-
 def is_verified(meta: dict[str, Any]) -> bool:
     """Whether the checkpoint's contents were checked (format 2 had only sizes)."""
     return "sha256" in meta
@@ -242,16 +267,12 @@ def is_verified(meta: dict[str, Any]) -> bool:
 def _earlier_hint(path: Path) -> str:
     """``checkpoint.resume = '<the previous checkpoint>'``, or how to start over."""
     step = _STEP_DIR.match(path.name)
-    earlier = sorted(
-        (int(m.group(1)), p)
-        for p in path.parent.iterdir()
-        if (m := _STEP_DIR.match(p.name)) and p.is_dir() and p != path
-    )
+    earlier = [(n, p) for n, p in _steps(path.parent) if p != path]
     if step:
         earlier = [(n, p) for n, p in earlier if n < int(step.group(1))]
     if earlier:
         return f"checkpoint.resume = '{earlier[-1][1]}'"
-    return "none here: checkpoint.resume = 'none' starts over"
+    return "none here: --run.fresh starts the run over"
 
 
 def first_difference(saved: Any, current: Any, where: str = "") -> str | None:

@@ -204,6 +204,11 @@ class ParallelSection:
     """How the job is spread over processes."""
 
     nproc: int = _doc(2, "processes to launch on this host (ignored when started by torchrun)")
+    nodes: int = _doc(
+        1,
+        "hosts the job spans, parallel.nproc processes on each; more than one is started "
+        "by torchrun on every host (`legato train` prints the command)",
+    )
     backend: Literal["auto", "gloo", "nccl"] = _doc("auto", "'auto' = nccl on cuda, gloo on cpu")
     strategy: str = _doc(
         "",
@@ -223,6 +228,7 @@ class ParallelSection:
     def __post_init__(self) -> None:
         _require(self.nproc >= 1, "parallel.nproc", ">= 1", self.nproc)
         _at_most(self, "nproc", MAX_DEVICES)
+        _at_most(self, "nodes", MAX_DEVICES)
         if self.strategy != AUTO:
             parse_strategy(self.strategy)  # a ConfigError now rather than after the launch
 
@@ -233,7 +239,11 @@ class CheckpointSection:
 
     every: int = _doc(100, "save every N steps and at the last step; 0 = never save")
     keep: int = _doc(2, "keep the newest N checkpoints, delete older ones")
-    resume: str = _doc("auto", "'auto' = latest checkpoint in run.dir if any, 'none', or a path")
+    resume: str = _doc(
+        "auto",
+        "'auto' = run.dir's latest intact checkpoint, if any; 'none' = step 0 (in an empty "
+        "run.dir, see run.fresh); or a checkpoint, checkpoints/ or run directory path",
+    )
 
     def __post_init__(self) -> None:
         _require(self.every >= 0, "checkpoint.every", ">= 0 (0 = never)", self.every)
@@ -249,6 +259,12 @@ class RunSection:
 
     dir: str = _doc("", "run directory; empty = runs/<name>, or runs/<timestamp> without a name")
     name: str = _doc("", "a label for the run, recorded in its metadata")
+    fresh: bool = _doc(
+        False,
+        "start over in a run directory that holds a run: delete its files (once its lock "
+        "is held) and train from step 0; without it such a directory is resumed from its "
+        "newest intact checkpoint, or refused when it has none",
+    )
 
 
 @dataclass
@@ -311,6 +327,14 @@ class TrainConfig:
         return to_dict(self)
 
 
+# ``--section.key`` of every bool field: on the command line it may stand alone (``--run.fresh``)
+TRAIN_FLAGS = frozenset(
+    f"--{section.name}.{f.name}"
+    for section in dataclasses.fields(TrainConfig)
+    for f in dataclasses.fields(section.default_factory)
+    if f.type == "bool"
+)
+
 # Fields that moved into parallel.strategy (one place for the layout), and where they went.
 REPLACED = {
     "parallel.fsdp": "parallel.strategy's zero: zero=3 FSDP2 (the default), zero=0 DDP",
@@ -331,13 +355,16 @@ def load_config(path: str | Path | None = None, overrides: list[str] | None = No
     return from_dict(TrainConfig, merged, "", ConfigError)
 
 
-def split_command_line(tokens: list[str]) -> tuple[str | None, list[str]]:
+def split_command_line(
+    tokens: list[str], flags: frozenset[str] = frozenset()
+) -> tuple[str | None, list[str]]:
     """``(config file or None, overrides as --section.key=value)`` of a command line.
 
     Users type both ``--train.steps=10`` and ``--train.steps 10``: a ``--key`` without
     ``=`` takes the next token as its value. Any other token is the config file, which
     may come before, between or after the overrides (argparse would take the value of a
     space-form override for the positional CONFIG, so the CLI leaves both to this).
+    A key in ``flags`` (``TRAIN_FLAGS``) may also stand alone, meaning true.
     """
     positionals: list[str] = []
     overrides: list[str] = []
@@ -348,6 +375,8 @@ def split_command_line(tokens: list[str]) -> tuple[str | None, list[str]]:
             positionals.append(arg)
         elif "=" in arg:
             overrides.append(arg)
+        elif "--" + arg[2:].replace("-", "_") in flags and tokens[:1] not in (["true"], ["false"]):
+            overrides.append(f"{arg}=true")
         elif tokens and not tokens[0].startswith("--"):
             overrides.append(f"{arg}={tokens.pop(0)}")
         else:

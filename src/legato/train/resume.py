@@ -59,6 +59,7 @@ CHANGEABLE = frozenset(
         "train.log_every",
         "train.eval_every",
         "parallel.nproc",
+        "parallel.nodes",
         "parallel.backend",
         "parallel.strategy",
         "parallel.cluster",
@@ -67,6 +68,7 @@ CHANGEABLE = frozenset(
         "checkpoint.resume",
         "run.dir",
         "run.name",
+        "run.fresh",
     }
 )
 
@@ -106,7 +108,7 @@ def refuse_fixed(changes: dict[str, list[Any]], path: Path) -> None:
             raise CheckpointError(
                 f"checkpoint {path}: {key} cannot change on resume ({why}): the checkpoint "
                 f"has {old!r}, this run {new!r}; start a new run (another run.dir, or "
-                "checkpoint.resume = 'none') to change it"
+                "--run.fresh to start this one over) to change it"
             )
 
 

@@ -56,8 +56,7 @@ def locate_checkpoint(path: str | Path, where: str) -> tuple[Path, Path | None]:
             f"{where}: {path} is neither a legato run directory (with checkpoints/latest) "
             f"nor a checkpoint (checkpoints/step_N with {ckpt.META})"
         )
-    found = ckpt.find_checkpoint(str(path), path)
-    assert found is not None
+    found = ckpt.checkpoint_at(path)
     run_dir = found.parent.parent if found.parent.name == "checkpoints" else None
     return found, run_dir
 

@@ -11,6 +11,7 @@ which ``Trainer.set_batch_split`` changes between steps while ``fit()`` runs.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -47,7 +48,7 @@ from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train import resume
 from legato.train.auto_strategy import resolve_auto
-from legato.train.config import TrainConfig, make_run_dir, resolve_model
+from legato.train.config import TrainConfig, resolve_model
 from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
 from legato.train.metrics import (
@@ -72,6 +73,7 @@ from legato.train.run_data import (
     split_holdout,
     token_stream,
 )
+from legato.train.run_dir import claim_run_dir
 
 
 @dataclass
@@ -151,6 +153,7 @@ class Trainer:
         with (
             StopSignals() as self.signals,
             process_group(self.config.parallel.backend, self.config.train.device) as ctx,
+            contextlib.ExitStack() as self._held,  # the run directory's lock, for the run
         ):
             return self._fit(ctx)
 
@@ -168,13 +171,15 @@ class Trainer:
         self.strategy = self.job.strategy
         self.batch_split = cfg.train.batch_split or even_split(self.strategy.gbs, self.strategy.dp)
         ctx.mesh = build_mesh(self.job, ctx.device.type)
-        run_dir = Path(ctx.broadcast_object(str(make_run_dir(cfg.run)) if ctx.is_main else None))
+        run_dir, self._start = claim_run_dir(ctx, cfg, self._held)
+        # --run.fresh is done: the config as run, checkpointed and resumed, does not repeat it
+        cfg = self.config = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, fresh=False))
         self.dataset, self.eval_set, tokenizer = self._load_data()
         if ctx.is_main:  # the run keeps its tokenizer, whatever happens to the cache
             save_run_tokenizer(tokenizer, run_dir)
         tokenizer_name = tokenizer.name
         self._build(ctx)
-        start, resumed_from, changes, resumed = self._resume(run_dir)
+        start, resumed_from, changes, resumed = self._resume()
         self.last_step = start
         if ctx.is_main:  # the config as run, with the directory it ran in
             ran = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, dir=str(run_dir)))
@@ -184,6 +189,8 @@ class Trainer:
         priced = why_not or _prediction_line(self.job.prediction, self.machine)
         if priced:
             self.progress.message(priced)
+        if self._start is not None and self._start.note:
+            self.progress.message(self._start.note)
         if resumed:
             self.progress.message(resumed)
         log = MetricsLog(run_dir / "metrics.jsonl", start) if ctx.is_main else None
@@ -266,14 +273,13 @@ class Trainer:
         """The model FQNs this rank checkpoints (its stages'); None = the whole model."""
         return self.step.fqns
 
-    def _resume(self, run_dir: Path) -> tuple[int, Path | None, dict[str, list[Any]], str]:
-        """Load the checkpoint ``checkpoint.resume`` names, if any: (its step, its path,
-        the config fields this invocation changes, the line that says so)."""
+    def _resume(self) -> tuple[int, Path | None, dict[str, list[Any]], str]:
+        """Load the checkpoint the run starts from (``claim_run_dir``), if any: (its step,
+        its path, the config fields this invocation changes, the line that says so)."""
         cfg = self.config
-        path = ckpt.find_checkpoint(cfg.checkpoint.resume, run_dir)
-        if path is None:
+        if self._start is None:
             return 0, None, {}, ""
-        meta = ckpt.read_meta_on_main(self.ctx, path)
+        path, meta = self._start.path, self._start.meta
         ckpt.check_model_spec(meta, to_dict(self.spec), path)
         changes = resume.config_changes(meta["config"], cfg, self.spec.seq_len)
         resume.refuse_fixed(changes, path)
