@@ -6,9 +6,7 @@ body bound, adapter loads only under the lora root)."""
 from __future__ import annotations
 
 import json
-import shutil
 import socket
-import tempfile
 import time
 
 import pytest
@@ -50,12 +48,8 @@ def url(folders):
                     lora_roots=(extra,))  # fmt: skip
     app = build_app(ReplicaSpec(config=CONFIG), [str(folders)], replicas=2, adapters_per_replica=1,
                     access=access)  # fmt: skip
-    temp = tempfile.mkdtemp(prefix="ray-")  # short: Ray's Unix sockets live under it
-    try:
-        with ray_serve(app, "127.0.0.1", port, cpus=2, temp_dir=temp) as base_url:
-            yield base_url, extra
-    finally:
-        shutil.rmtree(temp, ignore_errors=True)
+    with ray_serve(app, "127.0.0.1", port, cpus=2) as base_url:
+        yield base_url, extra
 
 
 def _alone(folders, extra, name: str, prompt: str) -> str:

@@ -35,6 +35,7 @@ from ray.exceptions import RayTaskError
 from ray.serve.handle import DeploymentHandle
 
 from legato.errors import CheckpointError, ConfigError
+from legato.local_ray import local_ray
 from legato.lora.peft_io import CONFIG_FILE, load_adapter
 from legato.serve.access import Access
 from legato.serve.engine import Engine, EngineConfig
@@ -240,20 +241,14 @@ def build_app(
 
 
 @contextmanager
-def ray_serve(
-    app, host: str, port: int, cpus: int | None = None, temp_dir: str | None = None
-) -> Iterator[str]:
+def ray_serve(app, host: str, port: int, cpus: int | None = None) -> Iterator[str]:
     """Run ``app`` (``build_app``) on a Ray instance started on this host's loopback for the
-    ``with`` block (``cpus``: logical CPUs, default the host's; ``temp_dir``: Ray's session
-    folder, default Ray's, short enough for its Unix sockets), HTTP on ``host:port``; yields
-    the base URL. Ray Serve and Ray are shut down when the block ends."""
-    ray.init(num_cpus=cpus or os.cpu_count() or 1, _node_ip_address="127.0.0.1",
-             include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _temp_dir=temp_dir)  # fmt: skip
-    try:
-        serve.start(http_options={"host": host, "port": port})
-        serve.run(app, name="legato", route_prefix="/")
-        yield f"http://{host}:{port}"
-    finally:
-        serve.shutdown()
-        ray.shutdown()
+    ``with`` block (``cpus``: logical CPUs, default the host's; ``local_ray``), HTTP on
+    ``host:port``; yields the base URL. Ray Serve and Ray are shut down when it ends."""
+    with local_ray(cpus or os.cpu_count() or 1):
+        try:
+            serve.start(http_options={"host": host, "port": port})
+            serve.run(app, name="legato", route_prefix="/")
+            yield f"http://{host}:{port}"
+        finally:
+            serve.shutdown()
