@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.distributed
 
 from legato.cluster.executor import Executor  # noqa: E402
 from legato.cluster.job_types import JobType  # noqa: E402

@@ -12,6 +12,7 @@ import time
 import pytest
 
 pytest.importorskip("ray.serve")
+pytestmark = pytest.mark.distributed
 import httpx
 import torch
 
