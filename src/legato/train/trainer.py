@@ -109,6 +109,10 @@ class Trainer:
         self._pending_split: list[int] | None = None
         self._split_lock = threading.Lock()
         self._stop_requested = threading.Event()
+        # set once fit() has resolved the layout (set_batch_split may be called from then
+        # on) or has ended without one: what a cluster worker waits for before it says the
+        # trainer started, so a split decided right after a launch never finds no layout
+        self.layout_resolved = threading.Event()
         self.last_step = 0  # the newest finished step (read by a cluster executor's poll)
 
     def request_stop(self) -> None:
@@ -150,12 +154,15 @@ class Trainer:
     def fit(self) -> TrainResult:
         """Train; a SIGINT/SIGTERM stops it cleanly (``interrupt``): during set-up by
         raising ``Interrupted``, in the loop after the step under way."""
-        with (
-            StopSignals() as self.signals,
-            process_group(self.config.parallel.backend, self.config.train.device) as ctx,
-            contextlib.ExitStack() as self._held,  # the run directory's lock, for the run
-        ):
-            return self._fit(ctx)
+        try:
+            with (
+                StopSignals() as self.signals,
+                process_group(self.config.parallel.backend, self.config.train.device) as ctx,
+                contextlib.ExitStack() as self._held,  # the run directory's lock, for the run
+            ):
+                return self._fit(ctx)
+        finally:
+            self.layout_resolved.set()  # no waiter waits on a fit that ended early
 
     # ------------------------------------------------------------------ set-up
 
@@ -170,6 +177,7 @@ class Trainer:
         self.job, why_not = self._predict(self.job, ctx)
         self.strategy = self.job.strategy
         self.batch_split = cfg.train.batch_split or even_split(self.strategy.gbs, self.strategy.dp)
+        self.layout_resolved.set()
         ctx.mesh = build_mesh(self.job, ctx.device.type)
         run_dir, self._start = claim_run_dir(ctx, cfg, self._held)
         # --run.fresh is done: the config as run, checkpointed and resumed, does not repeat it
