@@ -213,6 +213,8 @@ def _profile(args: argparse.Namespace, _extra: list[str]) -> int:
 
     if args.window_s <= 0:
         raise ConfigError(f"--window-s: must be > 0, got {args.window_s}")
+    if args.cores_per_device < 1:
+        raise ConfigError(f"--cores-per-device: must be >= 1, got {args.cores_per_device}")
     shape, _, types = _legato_jobs(args.jobs_file, None)
     devices = min(shape.devices, 2)
     err = Console(stderr=True)

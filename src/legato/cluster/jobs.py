@@ -43,6 +43,8 @@ class ClusterShape:
         """``gpus`` devices in nodes of ``per_node`` (one smaller node when it does not divide)."""
         if not isinstance(gpus, int) or gpus < 1:
             raise DataError(f"--gpus: must be an integer >= 1, got {gpus!r}")
+        if not isinstance(per_node, int) or per_node < 1:
+            raise DataError(f"--per-node: must be an integer >= 1, got {per_node!r}")
         per_node = min(per_node, gpus)
         if gpus % per_node:
             raise DataError(f"--gpus: {gpus} is not a multiple of {per_node} devices per node")

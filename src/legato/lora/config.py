@@ -174,9 +174,9 @@ def finetune_config_from_dict(data: dict[str, Any], base_dir: Path | None = None
     raw_tasks = data.pop("tasks", [])
     if not isinstance(defaults, dict):
         raise ConfigError(f"task_defaults: expected a table, got {defaults!r}")
+    config = from_dict(FinetuneConfig, data, "", ConfigError)  # an unknown section says so
     if not isinstance(raw_tasks, list) or not raw_tasks:
         raise ConfigError("tasks: give at least one [[tasks]] table")
-    config = from_dict(FinetuneConfig, data, "", ConfigError)
     seen: set[str] = set()
     for i, table in enumerate(raw_tasks):
         where = _task_where(i, table)

@@ -75,6 +75,12 @@ class SearchSpace:
     swap: bool = True  # try activation swap (with full recompute) when nothing else fits
     svpp_caps: bool = True  # try smaller svpp memory caps when nothing cheaper fits
 
+    def __post_init__(self) -> None:
+        for name in ("max_tp", "max_pp", "max_ep", "min_ep"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value < 1):
+                raise StrategyError(f"{name}: must be an integer >= 1, got {value!r}")
+
 
 @dataclass(frozen=True)
 class Shape:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from legato.atomic import write_atomic, write_text_atomic
-from legato.schedule.builders import build_schedule, default_memory_cap, memory_floor
+from legato.schedule.builders import _positive, build_schedule, default_memory_cap, memory_floor
 from legato.schedule.costs import CostModel, Costs
 from legato.schedule.simulate import simulate
 from legato.specs.schedules import SCHEDULE_KINDS
@@ -59,6 +59,8 @@ def sweep(
 ) -> list[ParetoPoint]:
     """Simulate the classic schedules plus Seq1F1B (each k) and SVPP (each v, k, and caps
     from the dependency floor v*k to the default cap), and mark the Pareto front."""
+    _positive("stages", stages)
+    _positive("microbatches", microbatches)
     costs = costs or CostModel()
     points = []
     for config in _configs(stages, microbatches, chunks, slices):
