@@ -119,7 +119,8 @@ def profile(
     results, startups = [], []
     with run_cgroups("profile") as run_id:
         for n, (what, probes) in enumerate(plan, 1):
-            rates, startup = measure(probes, window_s, work, cores_per_device, f"{run_id}/{n}")
+            where = (work / str(n), cores_per_device, f"{run_id}/{n}")  # a fresh run per round
+            rates, startup = measure(probes, window_s, *where)
             say(f"[{n}/{len(plan)}] {what}: " + ", ".join(f"{r:.2f} steps/s" for r in rates))
             results.append(rates)
             startups.extend(startup)
