@@ -179,3 +179,17 @@ def test_an_adapter_whose_folder_is_gone_fails_its_requests_only(backbone, tmp_p
     assert fine.error is None and len(fine.output) == 3
     engine.blocks.check()
     assert engine.blocks.in_use == engine.memory.adapter_blocks()
+
+
+def test_a_copy_thread_that_died_is_an_error_not_a_hang(backbone, monkeypatch):
+    """Waiting for a copy the copy thread will never finish (it died on a bug) raises
+    instead of spinning forever."""
+    model, adapters = backbone
+    engine = Engine(model, ByteTokenizer(), adapters,
+                    EngineConfig(block_size=4, num_blocks=64, policy="slora"))  # fmt: skip
+    slot = next(s for s in engine.memory.adapters.values() if s.state == "host")
+    monkeypatch.setattr(type(slot), "copy_into", lambda self, pool: 1 / 0)
+    slot.state = "loading"  # as a load leaves it, its copy queued
+    engine.memory._copies.put(slot)
+    with pytest.raises(RuntimeError, match="the copy thread died"):
+        engine.memory.wait(slot, timeout_s=60)

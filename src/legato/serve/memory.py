@@ -43,6 +43,8 @@ from legato.lora.peft_io import WEIGHTS_FILE, peft_key
 from legato.serve.blocks import BlockManager
 from legato.serve.host_kv import HostKV, KvLoad
 
+COPY_TIMEOUT_S = 120.0  # no host-to-device copy of one adapter or KV load takes longer
+
 
 @dataclass
 class AdapterSlot:
@@ -348,10 +350,17 @@ class DeviceMemory:
             if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
                 self._trim_host(keep=job.name)
 
-    def wait(self, job) -> None:
-        """Until ``job`` (an adapter's or a KV load's copy) has landed."""
+    def wait(self, job, timeout_s: float = COPY_TIMEOUT_S) -> None:
+        """Until ``job`` (an adapter's or a KV load's copy) has landed; a RuntimeError, not
+        a hang, if the copy thread died or the copy takes longer than ``timeout_s``."""
+        deadline = time.monotonic() + timeout_s
         while not job.landed:
             self.collect()
+            if job.landed:
+                return
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                why = "the copy thread died" if not self._thread.is_alive() else "timed out"
+                raise RuntimeError(f"waiting for the copy of {job!r}: {why}")
             time.sleep(0.001)
 
     def _copy_loop(self) -> None:
