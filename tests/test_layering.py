@@ -16,7 +16,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "legato"
 LAYER_RANK = {
     "errors": 0,
     "csv_rows": 1,
-    "atomic": 0,
+    "atomic": 1,
     "local_ray": 0,
     "specs": 1,
     "cost": 2,

@@ -24,3 +24,7 @@ class DataError(LegatoError):
 
 class CheckpointError(LegatoError):
     """A checkpoint is missing, corrupt or does not match the run."""
+
+
+class WriteError(LegatoError):
+    """A file or folder cannot be created where asked (a file in the way, no permission)."""

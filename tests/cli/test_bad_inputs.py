@@ -146,8 +146,7 @@ CLI_CASES = [
     cli("plan-cluster-file-zero-nodes", "plan", "--model", "tiny",
         "--cluster", "{d}/cluster_zero_nodes.toml", "--gbs", "8", names="cluster.nodes"),
     cli("plan-config-under-a-file", "plan", *TINY, "--gbs", "8", "--json",
-        "--config", "{d}/plain.txt/out.toml", names="--config",
-        fails="FileExistsError traceback from atomic.write_atomic's mkdir (cli/plan.py)"),
+        "--config", "{d}/plain.txt/out.toml", names="--config"),
     # calibrate
     cli("calibrate-zero-nproc", "calibrate", "--nproc", "0", names="--nproc"),
     cli("calibrate-non-numeric-nproc", "calibrate", "--nproc", "x", names="--nproc"),
@@ -197,7 +196,7 @@ CLI_CASES = [
     cli("train-missing-resume", *TRAIN, "--checkpoint.resume={d}/no-checkpoint",
         names="checkpoint.resume"),
     cli("train-run-dir-is-a-file", *TRAIN, "--train.steps=1", "--run.dir={d}/plain.txt",
-        names="run.dir", fails="FileExistsError traceback from train/config.py make_run_dir"),
+        names="run.dir"),
     # eval, export
     cli("eval-missing-run-dir", "eval", "{d}/no-run", names="RUN_DIR"),
     cli("eval-zero-batch-size", "eval", "{d}/empty", "--batch-size", "0", names="--batch-size"),

@@ -23,7 +23,7 @@ from collections import Counter
 
 import httpx
 
-from legato.atomic import write_text_atomic
+from legato.atomic import naming, write_text_atomic
 from legato.cli.serve import API_KEY_ENV
 from legato.errors import ConfigError
 
@@ -132,7 +132,8 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
         value = result.get(key)
         print(f"{key:<22} {value:.2f}" if isinstance(value, float) else f"{key:<22} {value}")
     if args.save_result:
-        write_text_atomic(args.save_result, json.dumps(result, indent=2))
+        with naming("--save-result"):
+            write_text_atomic(args.save_result, json.dumps(result, indent=2))
         print(f"wrote {args.save_result}")
     _report_failures(timings)
     return 0 if not result.get("failed") else 1

@@ -258,7 +258,7 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
 def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
                         report) -> None:  # fmt: skip
     """``--config``: the first ranked plan that ``legato train`` can place, as a config."""
-    from legato.atomic import write_text_atomic
+    from legato.atomic import naming, write_text_atomic
     from legato.parallel.job import TRAINED_DTYPE
     from legato.train.config import (
         DataSection,
@@ -296,7 +296,8 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
             continue
         header = (f"legato train config for plan #{rank} of `legato plan --model {args.model} "
                   f"--cluster {args.cluster} --gbs {args.gbs}`: {text}")  # fmt: skip
-        write_text_atomic(args.config, render_toml(config, header))
+        with naming("--config"):
+            write_text_atomic(args.config, render_toml(config, header))
         skipped = f" (skipped {'; '.join(refused)})" if refused else ""
         print(f"wrote {args.config}: plan #{rank}, {text}{skipped}", file=sys.stderr)
         return

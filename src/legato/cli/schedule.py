@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import sys
 from pathlib import Path
@@ -20,7 +19,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from legato.atomic import write_text_atomic
+from legato.atomic import naming, write_text_atomic
 from legato.schedule import (
     SCHEDULES,
     CostModel,
@@ -91,17 +90,6 @@ def _ints(text: str, field: str) -> tuple[int, ...]:
         raise ScheduleError(f"{field}: expected comma-separated integers, got {text!r}") from None
 
 
-@contextlib.contextmanager
-def _writing(flag: str, path: Path):
-    """Where an output file cannot go (a folder that is a file, no permission): one line
-    naming the flag, not a traceback."""
-    try:
-        yield
-    except OSError as exc:
-        where = f"{exc.filename}: " if exc.filename and str(exc.filename) != str(path) else ""
-        raise ScheduleError(f"{flag}: cannot write {path} ({where}{exc.strerror})") from None
-
-
 def _wrote(what: str, path: Path, stderr: bool = False) -> None:
     """Say where a file went (on stderr when stdout is a JSON document)."""
     print(f"wrote {what}: {path}", file=sys.stderr if stderr else sys.stdout)
@@ -118,15 +106,15 @@ def _run_simulate(args: argparse.Namespace, extra: list[str]) -> int:
     s = build_schedule(args.schedule, stages=args.stages, microbatches=args.microbatches, **options)
     result = simulate(s, costs)
     if args.save:
-        with _writing("--save", args.save):
+        with naming("--save"):
             write_text_atomic(args.save, s.to_json())
         _wrote("schedule", args.save, args.json)
     if args.trace:
-        with _writing("--trace", args.trace):
+        with naming("--trace"):
             write_chrome_trace(result, args.trace)
         _wrote("Chrome trace", args.trace, args.json)
     if args.png:
-        with _writing("--png", args.png):
+        with naming("--png"):
             render_timeline_png(result, args.png)
         _wrote("timeline PNG", args.png, args.json)
     if args.json:
@@ -159,12 +147,12 @@ def _run_pareto(args: argparse.Namespace, extra: list[str]) -> int:
     points = sweep(args.stages, args.microbatches, chunks=chunks, slices=slices, costs=costs)
     title = f"p={args.stages} m={args.microbatches}: bubble vs peak activation"
     if args.json:
-        with _writing("--json", args.json):
+        with naming("--json"):
             write_pareto_json(points, args.json, stages=args.stages,
                               microbatches=args.microbatches, cost=args.cost)  # fmt: skip
         _wrote("points and front JSON", args.json)
     if args.png:
-        with _writing("--png", args.png):
+        with naming("--png"):
             render_pareto_png(points, args.png, title)
         _wrote("Pareto PNG", args.png)
     table = Table(box=box.SIMPLE, title=title + " (* = on the Pareto front)")

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from legato.atomic import make_dirs, naming
 from legato.errors import ConfigError, SpecError
 from legato.parallel.batch_split import FIELD as BATCH_SPLIT
 from legato.parallel.batch_split import check_batch_split
@@ -458,8 +459,10 @@ def make_run_dir(run: RunSection, root: Path = Path("runs")) -> Path:
     ``runs/<timestamp>`` (suffixed ``-1``, ``-2``... so two runs never share one)."""
     if run.dir or run.name:
         path = Path(run.dir).expanduser() if run.dir else root / run.name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
+        with naming("run.dir" if run.dir else "run.name"):
+            return make_dirs(path)
+    with naming("run.dir"):  # unset: a new folder under ``root``
+        make_dirs(root)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     for attempt in range(1000):
         path = root / (stamp if attempt == 0 else f"{stamp}-{attempt}")
