@@ -31,10 +31,8 @@ def test_generate_on_the_builtin_default(capsys):
         (["generate", "--device-memory", "lots", "x"], "--device-memory: expected bytes"),
         (["generate", "--swap-space", "-1", "x"], "--swap-space: must be >= 0 GiB"),
         (["generate", "--device-memory", "1KiB", "x"], "--device-memory: 1024 bytes hold 0"),
-        (
-            ["serve", "--replicas", "0", "--port", "0"],
-            "--replicas and --adapters-per-replica: must",
-        ),
+        (["serve", "--replicas", "0", "--port", "0"], "--replicas: must be >= 1, got 0"),
+        (["serve", "--max-queue", "0", "--port", "0"], "--max-queue: must be >= 1, got 0"),
         (["generate", "--max-tokens", "0", "x"], "max_tokens: must be an integer >= 1"),
         (["generate", "--adapter", "/no/such/dir", "x"], "--adapter: /no/such/dir is not a PEFT"),
         (["bench", "serve", "--goodput", "ttft"], "--goodput: items are ttft:MS or tpot:MS"),
@@ -71,12 +69,12 @@ def test_every_engine_flag_reaches_its_field():
 
 def test_device_memory_sizes_the_pool_in_blocks_of_the_model():
     from legato.cli.main import build_parser
-    from legato.cli.serve import _engine
+    from legato.cli.serve import _engine, _engine_config
     from legato.serve.paged_model import PagedKVCache
 
     args = build_parser().parse_args(["generate", "--device-memory", "3MiB", "--block-size", "8",
                                       "x"])  # fmt: skip
-    engine = _engine(args, lambda model: {})
+    engine = _engine(args, _engine_config(args), lambda model: {})
     per_block = PagedKVCache.block_bytes(engine.model, 8)
     assert engine.config.num_blocks == 3 * 2**20 // per_block == engine.blocks.num_blocks
     assert engine.cache.bytes_per_block == per_block
@@ -117,7 +115,7 @@ def test_serve_on_a_busy_port_fails_before_it_says_it_serves(replicas):
 
 
 def test_random_adapters_only_for_the_bare_demo(tmp_path):
-    from legato.cli.serve import _served_engine
+    from legato.cli.serve import _engine_config, _served_engine
     from legato.models.hf_checkpoint import save_safetensors
     from legato.serve.loading import load_served_model
 
@@ -126,7 +124,7 @@ def test_random_adapters_only_for_the_bare_demo(tmp_path):
              ("--weights", str(tmp_path / "weights")): []}  # fmt: skip
     for flags, adapters in cases.items():
         args = build_parser().parse_args(["serve", "--num-blocks", "64", *flags])
-        engine, listed = _served_engine(args)
+        engine, listed = _served_engine(args, _engine_config(args))
         assert list(engine.adapters) == adapters == list(listed), flags
 
 

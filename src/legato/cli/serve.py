@@ -1,7 +1,7 @@
 """``legato serve`` (an OpenAI-compatible server) and ``legato generate`` (one answer).
 
 Both load the same way (``serve/loading.py``): ``--model`` a legato run directory, or a
-preset (random weights, or ``--weights`` HF safetensors); ``--adapters`` PEFT folders or
+preset or ModelSpec TOML (random weights, or ``--weights`` HF safetensors); ``--adapters`` PEFT folders or
 folders of them. Only the bare demo — a preset on random weights and no ``--adapters`` —
 gets four random adapters (``lora-0`` ...), so it runs on a fresh machine; real weights
 (a run directory or ``--weights``) are served with exactly the adapters given (random ones
@@ -28,7 +28,9 @@ API_KEY_ENV = "LEGATO_API_KEY"  # as VLLM_API_KEY: a key kept out of the process
 
 
 def _model_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", default="tiny", help="a legato run directory or a preset")
+    parser.add_argument(
+        "--model", default="tiny", help="a legato run directory, a preset or a ModelSpec TOML"
+    )
     parser.add_argument("--weights", help="HF-named safetensors for a preset")
     parser.add_argument("--tokenizer", help="'byte' (default) or a tokenizer.json")
     parser.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
@@ -114,20 +116,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     generate.set_defaults(func=_generate)
 
 
+# The least each integer flag takes; a flag the command lacks is skipped.
+_AT_LEAST = {
+    "block_size": 1, "num_blocks": 1, "max_num_seqs": 1, "max_num_batched_tokens": 1,
+    "max_loras": 1, "max_lora_rank": 0, "max_cpu_loras": 0, "max_queue": 1, "replicas": 1,
+    "adapters_per_replica": 1,
+}  # fmt: skip
+
+
 def _engine_config(args: argparse.Namespace):
+    """The engine's config from the flags, every flag of the command checked (so a bad one
+    is refused before a port is bound or a model loads)."""
     from legato.serve.engine import EngineConfig
 
+    for name, least in _AT_LEAST.items():
+        value = getattr(args, name, least)
+        if value < least:
+            raise ConfigError(f"--{name.replace('_', '-')}: must be >= {least}, got {value}")
     if not args.link_gbps > 0:
         raise ConfigError(f"--link-gbps: must be > 0, got {args.link_gbps}")
-    for flag in ("block_size", "num_blocks", "max_num_seqs", "max_num_batched_tokens", "max_loras"):
-        if getattr(args, flag) < 1:
-            raise ConfigError(
-                f"--{flag.replace('_', '-')}: must be >= 1, got {getattr(args, flag)}"
-            )
-    if args.max_cpu_loras < 0:
-        raise ConfigError(f"--max-cpu-loras: must be >= 0, got {args.max_cpu_loras}")
-    if args.max_lora_rank < 0:
-        raise ConfigError(f"--max-lora-rank: must be >= 0, got {args.max_lora_rank}")
     device_memory = (
         0 if args.device_memory is None else _bytes(args.device_memory, "--device-memory")
     )
@@ -174,12 +181,12 @@ def _access(args: argparse.Namespace):
     return Access(key, limit, args.enable_lora_updating, roots)
 
 
-def _engine(args: argparse.Namespace, adapters, folders: dict | None = None):
-    """The engine for ``args`` serving ``adapters(model)``, read from ``folders``."""
+def _engine(args: argparse.Namespace, config, adapters, folders: dict | None = None):
+    """The engine of ``config`` for ``args`` serving ``adapters(model)``, read from
+    ``folders``."""
     from legato.serve.engine import Engine
     from legato.serve.loading import load_served_model
 
-    config = _engine_config(args)
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
     return Engine(model, tokenizer, adapters(model), config, model_name=name, sources=folders)
 
@@ -187,17 +194,18 @@ def _engine(args: argparse.Namespace, adapters, folders: dict | None = None):
 def _serve(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.serve.server import listen
 
+    config = _engine_config(args)
     access = _access(args)
     sock = listen(args.host, args.port)  # a busy port fails here, before anything loads
     if args.replicas != 1:
         sock.close()  # Ray Serve's proxy binds it; this only checked that it is free
-        return _serve_replicas(args, access)
+        return _serve_replicas(args, config, access)
     import uvicorn
 
     from legato.serve.server import create_app
 
     with sock:
-        engine, roots = _served_engine(args)
+        engine, roots = _served_engine(args, config)
         names = ", ".join(engine.adapters) or "none"
         port = sock.getsockname()[1]
         print(f"serving {engine.model_name} with adapters {names} on http://{args.host}:{port}/v1",
@@ -215,7 +223,7 @@ def _demo_adapters(args: argparse.Namespace) -> bool:
     return args.adapters is None and random_weights(args.model, args.weights)
 
 
-def _served_engine(args: argparse.Namespace):
+def _served_engine(args: argparse.Namespace, config):
     """The engine of ``serve`` and each adapter's folder (what /v1/models lists)."""
     from legato.lora.peft_io import load_adapter
     from legato.serve.loading import adapter_folders, generated_adapters
@@ -228,11 +236,11 @@ def _served_engine(args: argparse.Namespace):
             return generated_adapters(model)
         return {name: load_adapter(f, model).eval() for name, f in folders.items()}
 
-    engine = _engine(args, adapters, folders)
+    engine = _engine(args, config, adapters, folders)
     return engine, {n: str(folders.get(n, n)) for n in engine.adapters}
 
 
-def _serve_replicas(args: argparse.Namespace, access) -> int:
+def _serve_replicas(args: argparse.Namespace, config, access) -> int:
     """``--replicas N``: N engines behind Ray Serve on this host (serve/replicas.py)."""
     import shutil
     import tempfile
@@ -242,7 +250,7 @@ def _serve_replicas(args: argparse.Namespace, access) -> int:
     from legato.serve.loading import generated_adapters, load_served_model
     from legato.serve.replicas import ReplicaSpec, build_app, ray_serve
 
-    spec = ReplicaSpec(args.model, args.weights, args.tokenizer, _engine_config(args))
+    spec = ReplicaSpec(args.model, args.weights, args.tokenizer, config)
     made = None
     if _demo_adapters(args):  # the built-in demo: write the generated adapters as PEFT folders
         model, _, base = load_served_model(args.model, args.weights, args.tokenizer)
@@ -270,10 +278,10 @@ def _generate(args: argparse.Namespace, _extra: list[str]) -> int:
     def adapters(model):
         return load_adapters([args.adapter], model, "--adapter") if args.adapter else {}
 
-    engine = _engine(args, adapters)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
                             top_p=args.top_p, top_k=args.top_k, seed=args.seed,
                             stop=tuple(args.stop))  # fmt: skip
+    engine = _engine(args, _engine_config(args), adapters)
     adapter = next(iter(engine.adapters), None)
     (request,) = engine.generate([engine.tokenizer.encode(args.prompt)], params, [adapter])
     if request.text:

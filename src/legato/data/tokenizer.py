@@ -104,13 +104,15 @@ def _gpt2_byte_symbols() -> list[str]:
 class BpeTokenizer:
     """A Hugging Face ``tokenizers`` model; end-of-text doubles as padding."""
 
-    def __init__(self, backend: HfTokenizer, source: str = "<memory>") -> None:
+    def __init__(
+        self, backend: HfTokenizer, source: str = "<memory>", where: str = "data.tokenizer"
+    ) -> None:
         self._tok = backend
         self.source = source
         eos = next((t for t in _EOS_CANDIDATES if backend.token_to_id(t) is not None), None)
         if eos is None:
             raise DataError(
-                f"data.tokenizer: {source} has no end-of-text token (looked for {', '.join(_EOS_CANDIDATES)})"
+                f"{where}: {source} has no end-of-text token (looked for {', '.join(_EOS_CANDIDATES)})"
             )
         self.eos_token = eos
         self.eos_id = int(backend.token_to_id(eos))
@@ -121,21 +123,20 @@ class BpeTokenizer:
         self.name = f"bpe-{self.vocab_size}-{digest}"
 
     @classmethod
-    def load(cls, path: str | Path) -> BpeTokenizer:
-        """Load a ``tokenizer.json``; a missing or unreadable file is a one-line DataError."""
+    def load(cls, path: str | Path, where: str = "data.tokenizer") -> BpeTokenizer:
+        """Load a ``tokenizer.json``; a missing or unreadable file is a one-line DataError
+        naming ``where``, the field or flag that gave the path."""
         from tokenizers import Tokenizer as HfTokenizer
 
         path = Path(path)
         if not path.is_file():
-            raise DataError(f"data.tokenizer: file not found: {path}")
+            raise DataError(f"{where}: file not found: {path}")
         try:
             backend = HfTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(
-                f"data.tokenizer: {path} is not a valid tokenizer.json ({reason})"
-            ) from None
-        return cls(backend, source=str(path))
+            raise DataError(f"{where}: {path} is not a valid tokenizer.json ({reason})") from None
+        return cls(backend, source=str(path), where=where)
 
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` atomically."""
@@ -196,26 +197,32 @@ def load_tokenizer(
     vocab_size: int | None = None,
     cache_dir: str | Path | None = None,
     text_field: str = "text",
+    where: str = "data.tokenizer",
+    trains: bool = True,
 ) -> ByteTokenizer | BpeTokenizer:
-    """Resolve ``data.tokenizer``: ``"byte"``, ``"bpe"`` or a path to a ``tokenizer.json``.
+    """Resolve ``data.tokenizer`` (or the field or flag ``where`` names in errors):
+    ``"byte"``, ``"bpe"`` or a path to a ``tokenizer.json`` (or a folder holding one).
 
     ``"bpe"`` trains on ``train_files`` with ``vocab_size`` and caches the result in
     ``cache_dir`` as ``tokenizer-<key>.json``, keyed by the files (paths, sizes, mtimes),
     the vocabulary size and the text field, so a later run loads it instead of retraining.
+    A field that only loads (``trains=False``: ``serve --tokenizer``, finetune's
+    ``run.tokenizer``) takes ``"byte"`` or a path.
     """
     spec_str = str(spec)
     if spec_str == "byte":
         return ByteTokenizer()
-    if spec_str == "bpe":
+    if spec_str == "bpe" and trains:
         return _cached_bpe(train_files, vocab_size, cache_dir, text_field)
     path = Path(spec_str).expanduser()
     if path.is_dir():
         path = path / "tokenizer.json"
     if not path.is_file():
+        allowed = "'byte', 'bpe'" if trains else "'byte'"
         raise DataError(
-            f"data.tokenizer: must be 'byte', 'bpe' or a path to a tokenizer.json; file not found: {path}"
+            f"{where}: must be {allowed} or a path to a tokenizer.json; file not found: {path}"
         )
-    return BpeTokenizer.load(path)
+    return BpeTokenizer.load(path, where)
 
 
 def _cached_bpe(

@@ -62,6 +62,7 @@ def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraMo
                 )
         trained = load_trained(weights, "base.weights", device=device, dtype=dtype)
         return MultiLoraModel(trained.model), trained.tokenizer
+    tokenizer = load_tokenizer(config.run.tokenizer or "byte", where="run.tokenizer", trains=False)
     model = build_model(config.base.spec(), seed=config.run.seed, device=device, dtype=dtype)
     if weights is not None:
         if weights.is_dir() and not any((weights / n).is_file() for n in (SINGLE_FILE, INDEX_FILE)):
@@ -73,7 +74,7 @@ def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraMo
             load_safetensors(model, weights)
         except CheckpointError as exc:
             raise CheckpointError(f"base.weights: {exc}") from None
-    return MultiLoraModel(model), load_tokenizer(config.run.tokenizer or "byte")
+    return MultiLoraModel(model), tokenizer
 
 
 def read_tasks(

@@ -1,8 +1,8 @@
 """What a server serves: a base model and its LoRA adapters, from wherever they were made.
 
 A model is a ``legato train`` run directory (or one of its checkpoints: spec, weights and
-tokenizer come from it), or a preset name with random weights, or a preset with Hugging
-Face-named safetensors (``--weights``). Adapters are PEFT folders — what ``legato
+tokenizer come from it), or a preset name or ModelSpec TOML with random weights, or either
+with Hugging Face-named safetensors (``--weights``). Adapters are PEFT folders — what ``legato
 finetune`` writes and what HF PEFT's ``save_pretrained`` writes — or folders of them; with
 none given, ``generated_adapters`` makes a few random ones so ``legato serve`` runs on a
 fresh machine — and only on random weights (``random_weights``): next to a real model they
@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 
 from legato.data.tokenizer import Tokenizer, load_tokenizer
-from legato.errors import CheckpointError
+from legato.errors import CheckpointError, SpecError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.lora.peft_io import CONFIG_FILE, load_adapter
 from legato.models import Transformer, build_model
@@ -39,13 +39,23 @@ def load_served_model(
             )
         trained = load_trained(path, "--model")
         return trained.model, trained.tokenizer, path.name
-    built = build_model(load_model(model), seed=seed, device="cpu")
+    if path.is_dir():
+        raise CheckpointError(
+            f"--model: {path} is a folder but not a legato run (no checkpoints/latest); "
+            "--model takes a run directory with checkpoints, a preset name or a ModelSpec TOML"
+        )
+    served = load_tokenizer(tokenizer or "byte", where="--tokenizer", trains=False)
+    try:
+        spec = load_model(model)
+    except SpecError as exc:
+        raise SpecError(f"--model: {exc}") from None
+    built = build_model(spec, seed=seed, device="cpu")
     if weights:
         try:
             load_safetensors(built, weights)
         except CheckpointError as exc:
             raise CheckpointError(f"--weights: {exc}") from None
-    return built.eval(), load_tokenizer(tokenizer or "byte"), built.spec.name
+    return built.eval(), served, built.spec.name
 
 
 def random_weights(model: str, weights: str | None = None) -> bool:
