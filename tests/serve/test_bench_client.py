@@ -33,8 +33,8 @@ MODELS = ("base", "a0", "silent", "broken", "empty", "cut")
 
 
 @app.get("/v1/models")
-async def models():
-    return {"data": [{"id": "base", "parent": None}, {"id": "a0", "parent": "base"}]}
+async def models():  # every model it answers for; "a0" an adapter of "base"
+    return {"data": [{"id": m, "parent": "base" if m == "a0" else None} for m in MODELS]}
 
 
 @app.post("/v1/completions")
@@ -145,7 +145,7 @@ def test_an_empty_completion_is_an_answer_and_a_broken_stream_a_failure(server_u
 @pytest.mark.parametrize(("model", "code", "says"), [
     ("empty", 0, None),
     ("broken", 1, "failed: 2 request(s): server error: {'message': 'out of blocks'}"),
-    ("nope", 1, "failed: 2 request(s): HTTP 404"),
+    ("nope", 2, "--model: the server at"),  # not listed: refused before any request
 ])  # fmt: skip
 def test_bench_serve_exits_by_failures_and_says_why(server_url, model, code, says, capsys):
     argv = ["bench", "serve", "--base-url", server_url, "--model", model, "--num-adapters", "0",

@@ -92,8 +92,14 @@ def _served(base_url: str, model: str | None, api_key: str | None) -> tuple[str,
         data = rows.json()["data"]
     except (httpx.HTTPError, ValueError, KeyError) as exc:
         raise ConfigError(f"--base-url: no OpenAI server answers at {base_url} ({exc})") from None
+    ids = [r["id"] for r in data]
+    if not ids:
+        raise ConfigError(f"--base-url: the server at {base_url} lists no models")
+    if model is not None and model not in ids:  # fail now, not with every request
+        raise ConfigError(f"--model: the server at {base_url} does not serve {model!r}; "
+                          f"it lists {', '.join(ids)}")  # fmt: skip
     bases = [r["id"] for r in data if not r.get("parent")]
-    base = model or (bases[0] if bases else data[0]["id"])
+    base = model or (bases[0] if bases else ids[0])
     return base, [r["id"] for r in data if r.get("parent") == base]
 
 

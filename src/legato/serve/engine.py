@@ -156,7 +156,7 @@ class Engine:
     def unload_adapter(self, name: str) -> None:
         with self.lock:
             if name not in self.adapters:
-                raise RequestError(f"model: no adapter named {name!r}", 404, "lora_name")
+                raise RequestError(f"lora_name: no adapter named {name!r}", 404, "lora_name")
             if any(r.adapter == name for r in (*self.waiting, *self.running)):
                 raise RequestError(f"lora_name: {name!r} has requests in flight", 400, "lora_name")
             del self.adapters[name]

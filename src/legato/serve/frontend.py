@@ -104,16 +104,17 @@ class Frontend:
         encode = self.engine.tokenizer.encode
         prompt = encode(body.prompt_text()) if chat else body.prompt_ids(encode)
         adapter = adapter or self.adapter_of(body.model)
-        if chat and body.max_completion_tokens is not None:
-            body.max_tokens = body.max_completion_tokens
-        params = body.sampling(max(self.engine.max_model_len - len(prompt), 1))
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()
 
         def on_update(request) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, request.state == FINISHED)
 
-        request = self.worker.submit(prompt, params, adapter, on_update)
+        try:
+            params = body.sampling(max(self.engine.max_model_len - len(prompt), 1))
+            request = self.worker.submit(prompt, params, adapter, on_update)
+        except RequestError as exc:  # about the answer's length: named as the body sent it
+            raise exc.sent_as("max_tokens", body.length_field) from None
         return Pending(self.engine, request, queue, body, params.stop, chat)
 
     def close(self) -> None:

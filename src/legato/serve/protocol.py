@@ -10,13 +10,13 @@ from __future__ import annotations
 import time
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from legato.serve.sampling import RequestError, SamplingParams
 
 
 class StreamOptions(BaseModel):
-    include_usage: bool = False
+    include_usage: StrictBool = False
 
 
 class _Sampling(BaseModel):
@@ -30,16 +30,22 @@ class _Sampling(BaseModel):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = 1
-    stream: bool = False
+    stream: StrictBool = False  # as OpenAI: true or false, not "yes" or 1
     stream_options: StreamOptions | None = None
-    ignore_eos: bool = False
+    ignore_eos: StrictBool = False
+
+    @property
+    def length_field(self) -> str:
+        """The field that asks for the answer's length (what an error about it names)."""
+        return "max_tokens"
 
     def sampling(self, default_max_tokens: int) -> SamplingParams:
         if self.n != 1:
             raise RequestError(f"n: only n = 1 is supported, got {self.n}", 400, "n")
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        asked = getattr(self, self.length_field)
         return SamplingParams(
-            max_tokens=default_max_tokens if self.max_tokens is None else self.max_tokens,
+            max_tokens=default_max_tokens if asked is None else asked,
             temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, seed=self.seed,
             stop=tuple(stop), ignore_eos=self.ignore_eos,
         )  # fmt: skip
@@ -71,7 +77,11 @@ class ChatMessage(BaseModel):
 
 class ChatRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = None
+    max_completion_tokens: int | None = None  # OpenAI's newer name of max_tokens
+
+    @property
+    def length_field(self) -> str:
+        return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
     def prompt_text(self) -> str:
         """Our chat template (the byte-level models have none of their own): one line per
@@ -81,12 +91,12 @@ class ChatRequest(_Sampling):
 
 
 class LoadLora(BaseModel):
-    lora_name: str
+    lora_name: str = Field(min_length=1)
     lora_path: str
 
 
 class UnloadLora(BaseModel):
-    lora_name: str
+    lora_name: str = Field(min_length=1)
 
 
 def error_body(message: str, status: int, param: str | None = None) -> dict[str, Any]:

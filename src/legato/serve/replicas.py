@@ -192,7 +192,9 @@ class Router:
         async def unload_lora(body: UnloadLora):
             self.access.check_updating()
             if self.folders.pop(body.lora_name, None) is None:
-                raise RequestError(f"model: no adapter named {body.lora_name!r}", 404, "lora_name")
+                raise RequestError(
+                    f"lora_name: no adapter named {body.lora_name!r}", 404, "lora_name"
+                )
             return Response(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
         @app.get("/health")

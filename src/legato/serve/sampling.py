@@ -24,6 +24,16 @@ class RequestError(LegatoError):
         super().__init__(message)
         self.status, self.param = status, param
 
+    def sent_as(self, field: str, name: str) -> RequestError:
+        """This error, with ``field`` called ``name`` if it is about ``field``: the name the
+        request sent it under (chat's ``max_completion_tokens`` for ``max_tokens``)."""
+        if self.param != field or name == field:
+            return self
+        return RequestError(str(self).replace(field, name), self.status, name)
+
+
+_SEEDS = range(-(2**63), 2**63)  # what a generator's seed holds (vLLM's bounds too)
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -43,6 +53,8 @@ class SamplingParams:
             ("top_k", isinstance(self.top_k, int) and self.top_k >= -1, "-1, 0 (off) or >= 1"),
             ("stop", len(self.stop) <= 4 and all(isinstance(s, str) and s for s in self.stop),
              "up to 4 non-empty strings"),
+            ("seed", self.seed is None or (isinstance(self.seed, int) and self.seed in _SEEDS),
+             "a 64-bit integer, in [-2**63, 2**63)"),
         )  # fmt: skip
         for name, ok, allowed in checks:
             if not ok:
