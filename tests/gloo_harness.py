@@ -75,6 +75,8 @@ def run_ranks(
             for process in context.processes:
                 if process.is_alive():
                     process.kill()
+            for error_file in context.error_files:  # torch leaves a crashed rank's behind
+                Path(error_file).unlink(missing_ok=True)
         return [torch.load(Path(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world_size)]
 
 
