@@ -25,6 +25,15 @@ def test_a_split_sent_right_after_start_reaches_the_trainer(tmp_path, monkeypatc
         return predict(self, *args)
 
     monkeypatch.setattr(Trainer, "_predict", slow_predict)
+    for name in (
+        "RANK",
+        "WORLD_SIZE",
+        "LOCAL_RANK",
+        "LOCAL_WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    ):
+        monkeypatch.setenv(name, "")  # start() sets them in this process: restored after
     affinity = os.sched_getaffinity(0)
     worker = TrainerWorker("test/w0", device=0, cores_per_device=1, slot=0)
     try:

@@ -96,6 +96,28 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path: Path) -> None:
+    """The same under torchrun: its agent killed, its workers go too."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", str(WORKER), "worker", "run", str(tmp_path)]  # fmt: skip
+    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where the agent's logs go
+    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            cwd=tmp_path, env=env)  # fmt: skip
+    try:
+        _when_ready(proc, tmp_path)
+        workers = [int((tmp_path / f"ready{r}").read_text()) for r in (0, 1)]
+        proc.kill()
+        proc.communicate(timeout=60)
+        deadline = time.monotonic() + 30
+        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert all(_gone(pid) for pid in workers), "workers outlived torchrun's agent"
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 def test_a_user_error_in_the_workers_is_one_line(tmp_path: Path) -> None:
     proc = _start(tmp_path, "error")
     _, err = proc.communicate(timeout=120)
