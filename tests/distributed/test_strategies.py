@@ -96,46 +96,62 @@ def _log(run: Path) -> tuple[list[float], list[float]]:
 
 
 @pytest.fixture(scope="module")
-def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dict:
-    """{row: (one process: grads, losses, norms), (ranks' grads, losses, norms)}."""
+def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory):
+    """``runs(row)``: (one process: grads, losses, norms), (ranks' grads, losses, norms),
+    shares. Each world size is launched once, for all its rows, when a test first asks for
+    one of them: a selection without the 4- and 8-process rows (``-m "not slow"``) never
+    starts those oversubscribed launches."""
     root = tmp_path_factory.mktemp("strategies")
-    one = {}
-    for model in MODELS:
-        run = root / "one" / model
-        grads = first_step_gradients(
-            _args(small_train_args, run, model, "--parallel.nproc=1"), STEPS
-        )
-        one[model] = (grads, *_log(run))
-    out = {}
-    for world in (2, 4, 8):
-        if not any(size == world for _, size, _ in ROWS.values()):
-            continue
-        rows = {
-            name: _args(small_train_args, root / name, model, f"--parallel.strategy={text}")
-            for name, (model, size, text) in ROWS.items()
-            if size == world
-        }
-        ranks = run_ranks(_train_rows, rows, world_size=world, timeout_s=240)
-        for name in rows:
-            model = ROWS[name][0]
-            got = ([r[name][0] for r in ranks], *_log(root / name))
-            out[name] = (one[model], got, [r[name][1] for r in ranks])
-    return out
+    one: dict[str, tuple] = {}
+    out: dict[str, tuple] = {}
+
+    def reference(model: str) -> tuple:
+        if model not in one:
+            run = root / "one" / model
+            args = _args(small_train_args, run, model, "--parallel.nproc=1")
+            one[model] = (first_step_gradients(args, STEPS), *_log(run))
+        return one[model]
+
+    def get(row: str) -> tuple:
+        if row not in out:
+            world = ROWS[row][1]
+            rows = {
+                name: _args(small_train_args, root / name, model, f"--parallel.strategy={text}")
+                for name, (model, size, text) in ROWS.items()
+                if size == world
+            }
+            ranks = run_ranks(_train_rows, rows, world_size=world, timeout_s=240)
+            for name in rows:
+                got = ([r[name][0] for r in ranks], *_log(root / name))
+                out[name] = (reference(ROWS[name][0]), got, [r[name][1] for r in ranks])
+        return out[row]
+
+    return get
 
 
-@pytest.mark.parametrize("row", list(ROWS))
-def test_strategy_equals_one_process(row: str, runs: dict) -> None:
-    (want_grads, want_losses, want_norms), (grads, losses, norms), _ = runs[row]
+def _rows(keep=lambda text: True) -> list:
+    """The rows as parameters; those on more than 2 processes (oversubscribed on a 2-core
+    machine) are ``slow``: ``make test-slow`` runs them, ``make test`` does not."""
+    return [
+        pytest.param(name, marks=pytest.mark.slow) if size > 2 else name
+        for name, (_, size, text) in ROWS.items()
+        if keep(text)
+    ]
+
+
+@pytest.mark.parametrize("row", _rows())
+def test_strategy_equals_one_process(row: str, runs) -> None:
+    (want_grads, want_losses, want_norms), (grads, losses, norms), _ = runs(row)
     assert losses == pytest.approx(want_losses, rel=RTOL)
     assert norms == pytest.approx(want_norms, rel=RTOL)
     assert_same_gradients(grads, want_grads, RTOL)
 
 
-@pytest.mark.parametrize("row", [r for r, (_, _, text) in ROWS.items() if "zero=" in text])
-def test_zero_shards_what_it_says(row: str, runs: dict) -> None:
+@pytest.mark.parametrize("row", _rows(lambda text: "zero=" in text))
+def test_zero_shards_what_it_says(row: str, runs) -> None:
     """ZeRO >= 1 leaves each rank about half of every gradient (two data-parallel ranks);
     zero=0 (DDP, the pipeline's all-reduce) every gradient whole."""
-    shares = [share for rank in runs[row][2] for share in rank.values()]
+    shares = [share for rank in runs(row)[2] for share in rank.values()]
     if "zero=0" in ROWS[row][2]:
         assert set(shares) == {1.0}
     else:
