@@ -78,10 +78,18 @@ def _gone(pid: int) -> bool:
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
-    """SIGKILL of the launcher alone (no handler runs) still ends its workers: none trains
-    on, orphaned, into a run directory a new run may take."""
-    proc = _start(tmp_path, "run")
+@pytest.mark.parametrize("launcher", ["legato", "torchrun"])
+def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path, launcher: str) -> None:
+    """SIGKILL of the launcher alone (legato's, or torchrun's agent; no handler runs) still
+    ends its workers: none trains on, orphaned, into a run directory a new run may take."""
+    if launcher == "legato":
+        proc = _start(tmp_path, "run")
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc-per-node", "2", str(WORKER), "worker", "run", str(tmp_path)]  # fmt: skip
+        env = {**os.environ, "TMPDIR": str(tmp_path)}  # where the agent's logs go
+        proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True, cwd=tmp_path, env=env)  # fmt: skip
     try:
         _when_ready(proc, tmp_path)
         workers = [int((tmp_path / f"ready{r}").read_text()) for r in (0, 1)]
@@ -90,29 +98,7 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path) -> None:
         deadline = time.monotonic() + 30
         while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(_gone(pid) for pid in workers), "workers outlived their launcher"
-    finally:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
-def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path: Path) -> None:
-    """The same under torchrun: its agent killed, its workers go too."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "2", str(WORKER), "worker", "run", str(tmp_path)]  # fmt: skip
-    env = {**os.environ, "TMPDIR": str(tmp_path)}  # where the agent's logs go
-    proc = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            cwd=tmp_path, env=env)  # fmt: skip
-    try:
-        _when_ready(proc, tmp_path)
-        workers = [int((tmp_path / f"ready{r}").read_text()) for r in (0, 1)]
-        proc.kill()
-        proc.communicate(timeout=60)
-        deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert all(_gone(pid) for pid in workers), "workers outlived torchrun's agent"
+        assert all(_gone(pid) for pid in workers), f"workers outlived {launcher}'s launcher"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
