@@ -32,6 +32,7 @@ from legato.local_ray import local_ray
 DEVICE_RESOURCE = "legato_device_{}"
 START_TIMEOUT_S = 120.0  # actors placed and the process group joined
 STOP_TIMEOUT_S = 60.0  # a stop: the step under way plus the checkpoint
+CALL_TIMEOUT_S = 30.0  # a call to a running worker: poll, share, split (answered between steps)
 
 
 class TrainerWorker:
@@ -112,7 +113,7 @@ class Incarnation:
     shares: list[str] = field(default_factory=list)
     slots: tuple[int, ...] = ()  # each worker's place among its device's tenants
 
-    def poll(self, timeout_s: float = 30.0) -> list[dict[str, Any]]:
+    def poll(self, timeout_s: float = CALL_TIMEOUT_S) -> list[dict[str, Any]]:
         """Every worker's state; a dead actor reads as a failed worker."""
         import ray
 
@@ -129,13 +130,15 @@ class Incarnation:
 
         values = shares or (None,) * len(self.actors)
         self.shares = ray.get(
-            [a.set_share.remote(s) for a, s in zip(self.actors, values, strict=True)]
+            [a.set_share.remote(s) for a, s in zip(self.actors, values, strict=True)],
+            timeout=CALL_TIMEOUT_S,
         )
 
     def set_split(self, split: tuple[int, ...]) -> None:
         import ray
 
-        ray.get(self.actors[0].set_split.remote(list(split)))  # rank 0's reaches every rank
+        # rank 0's reaches every rank
+        ray.get(self.actors[0].set_split.remote(list(split)), timeout=CALL_TIMEOUT_S)
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> list[dict[str, Any]]:
         """Ask the trainers to stop after the step under way (they checkpoint it) and wait."""
@@ -197,7 +200,7 @@ def launch(
             ],
             timeout=START_TIMEOUT_S,
         )
-        cgroups = ray.get([a.cgroup.remote() for a in actors])
+        cgroups = ray.get([a.cgroup.remote() for a in actors], timeout=CALL_TIMEOUT_S)
     except BaseException:  # nothing of a half-started incarnation may outlive it
         Incarnation(job, tuple(devices), actors, group, [], now_s).release()
         raise
