@@ -29,6 +29,7 @@ from legato.cluster.cpu_share import cgroups_owned_by, remove_cgroup_tree
 
 _PR_SET_CHILD_SUBREAPER = 36
 KEPT = ("multiprocessing.resource_tracker", "multiprocessing.forkserver")
+OWN_CACHES = ("__pycache__", ".pytest_cache")  # what Python and pytest write in the checkout
 REPO = Path(__file__).resolve().parents[1]
 USER_CACHE = Path.home() / ".cache" / "legato"
 
@@ -117,7 +118,7 @@ def _git_entries() -> set[str]:
         ["git", "status", "--porcelain", "--ignored"],
         cwd=REPO, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
-    return {line for line in out.stdout.splitlines() if "__pycache__" not in line}
+    return {line for line in out.stdout.splitlines() if not any(c in line for c in OWN_CACHES)}
 
 
 def _cache_entries() -> set[str]:
