@@ -23,7 +23,7 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-# What `make test` leaves out: the 4- and 8-process strategy rows, oversubscribed on 2 cores.
+# What `make test` leaves out (the `slow` marker, see pyproject.toml): the longest few.
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -q -m slow
 

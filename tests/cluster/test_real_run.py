@@ -104,6 +104,7 @@ def test_a_moved_and_resplit_job_runs_every_step_once(measured, tmp_path):
     assert any("moved after step" in e for e in ran.events)
 
 
+@pytest.mark.slow  # 30 s on 2 cores; make test keeps the launch that fails below
 def test_a_failed_job_frees_its_device_for_the_others(measured, tmp_path):
     """A worker that dies takes only its own job down: it is reported, its device goes to
     the job that waited for it, and that job finishes."""
