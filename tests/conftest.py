@@ -22,6 +22,7 @@ from session_guard import SessionGuard, children, kill_descendants
 HARD_STOP_AFTER_S = 60.0  # past its limit, a test whose main thread never returns to Python
 EXIT_GRACE_S = 10.0  # how long a process a test started may take to exit after the test
 _GUARD = pytest.StashKey[SessionGuard]()
+_FAILED = pytest.StashKey[bool]()  # set on a test whose setup, call or teardown failed
 
 
 @pytest.hookimpl(trylast=True)  # after pytest's own tmp_path_factory exists
@@ -52,9 +53,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = outcome.get_result()
     if report.failed:
         item.stash[_FAILED] = True
-
-
-_FAILED = pytest.StashKey[bool]()
 
 
 @pytest.fixture(autouse=True)
