@@ -12,7 +12,6 @@ import time
 import pytest
 
 pytest.importorskip("ray.serve")
-pytestmark = pytest.mark.distributed
 import httpx
 import torch
 
@@ -22,6 +21,8 @@ from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters, load_adapters, load_served_model
 from legato.serve.replicas import ReplicaSpec, build_app, ray_serve
 from legato.serve.sampling import SamplingParams
+
+pytestmark = pytest.mark.distributed
 
 CONFIG = EngineConfig(block_size=8, num_blocks=96, max_num_seqs=4, link_gbps=50.0)
 PROMPTS = {"lora-0": "the cat", "lora-1": "a dog ran", "lora-2": "hello", "tiny": "base"}
