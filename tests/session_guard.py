@@ -48,6 +48,12 @@ def _stat(pid: int) -> tuple[int, str] | None:
     return int(fields[1]), fields[0]
 
 
+def exited(pid: int) -> bool:
+    """Whether ``pid`` has exited (gone, or a zombie its parent has not reaped yet)."""
+    stat = _stat(pid)
+    return stat is None or stat[1] == "Z"
+
+
 def _tree() -> tuple[dict[int, list[int]], set[int]]:
     """Every process's children, and the zombies."""
     children: dict[int, list[int]] = {}

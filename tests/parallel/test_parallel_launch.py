@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from session_guard import exited
+
 pytestmark = pytest.mark.distributed
 
 WORKER = Path(__file__).with_name("launch_worker.py")
@@ -69,14 +71,6 @@ def test_a_stuck_worker_is_killed_after_the_grace_period(tmp_path: Path) -> None
     assert not (tmp_path / "stopped0").exists()
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` has exited (absent, or a zombie its new parent has not reaped)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 @pytest.mark.parametrize("launcher", ["legato", "torchrun"])
 def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path, launcher: str) -> None:
@@ -96,9 +90,9 @@ def test_workers_die_with_a_sigkilled_launcher(tmp_path: Path, launcher: str) ->
         proc.kill()
         proc.communicate(timeout=60)
         deadline = time.monotonic() + 30
-        while not all(_gone(pid) for pid in workers) and time.monotonic() < deadline:
+        while not all(exited(pid) for pid in workers) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert all(_gone(pid) for pid in workers), f"workers outlived {launcher}'s launcher"
+        assert all(exited(pid) for pid in workers), f"workers outlived {launcher}'s launcher"
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)

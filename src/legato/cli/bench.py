@@ -17,14 +17,13 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import sys
 from collections import Counter
 
 import httpx
 
 from legato.atomic import naming, write_text_atomic
-from legato.cli.serve import API_KEY_ENV
+from legato.cli.serve import API_KEY_ENV, resolve_api_key
 from legato.errors import ConfigError
 
 
@@ -109,8 +108,8 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
     from legato.serve.workload import azure_trace, synthetic
 
     slos = _slos(args.goodput)
-    api_key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV)
-    base, adapters = _served(args.base_url, args.model, api_key)
+    key = resolve_api_key(args)
+    base, adapters = _served(args.base_url, args.model, key)
     if args.num_adapters is not None:
         if not 0 <= args.num_adapters <= len(adapters):
             raise ConfigError(
@@ -126,7 +125,7 @@ def _bench_serve(args: argparse.Namespace, _extra: list[str]) -> int:
                              args.alpha, _lengths("--input-len", args.input_len),
                              _lengths("--output-len", args.output_len), args.seed)  # fmt: skip
     timings, duration = asyncio.run(
-        run_benchmark(args.base_url, base, requests, args.max_concurrency, api_key=api_key)
+        run_benchmark(args.base_url, base, requests, args.max_concurrency, api_key=key)
     )
     result = summarize(timings, duration, slos.get("ttft"), slos.get("tpot"))
     result |= {"model": base, "adapters": len(adapters), "alpha": args.alpha,

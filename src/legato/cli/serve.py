@@ -169,12 +169,17 @@ def _bytes(text: str, flag: str) -> int:
     return int(value)
 
 
+def resolve_api_key(args: argparse.Namespace) -> str | None:
+    """``--api-key``, else ``$LEGATO_API_KEY`` (empty counts as unset): of ``serve`` and of
+    ``bench serve``, the client that must send it."""
+    return args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+
+
 def _access(args: argparse.Namespace):
-    """The guard of ``serve`` (one engine or replicas) from its flags; an empty
-    ``$LEGATO_API_KEY`` counts as unset."""
+    """The guard of ``serve`` (one engine or replicas) from its flags."""
     from legato.serve.access import DEFAULT_MAX_REQUEST_BYTES, Access
 
-    key = args.api_key if args.api_key is not None else os.environ.get(API_KEY_ENV) or None
+    key = resolve_api_key(args)
     size = args.max_request_bytes
     limit = DEFAULT_MAX_REQUEST_BYTES if size is None else _bytes(size, "--max-request-bytes")
     roots = tuple(Path(root) for root in args.lora_root)

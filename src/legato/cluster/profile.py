@@ -119,8 +119,10 @@ def profile(
     results, startups = [], []
     with run_cgroups("profile") as run_id:
         for n, (what, probes) in enumerate(plan, 1):
-            where = (work / str(n), cores_per_device, f"{run_id}/{n}")  # a fresh run per round
-            rates, startup = measure(probes, window_s, *where)
+            # each round trains in a folder of its own: a killed probe leaves no checkpoint
+            rates, startup = measure(
+                probes, window_s, work / str(n), cores_per_device, f"{run_id}/{n}"
+            )
             say(f"[{n}/{len(plan)}] {what}: " + ", ".join(f"{r:.2f} steps/s" for r in rates))
             results.append(rates)
             startups.extend(startup)
