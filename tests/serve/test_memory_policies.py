@@ -181,6 +181,7 @@ def test_an_adapter_whose_folder_is_gone_fails_its_requests_only(backbone, tmp_p
     assert engine.blocks.in_use == engine.memory.adapter_blocks()
 
 
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # planted
 def test_a_copy_thread_that_died_is_an_error_not_a_hang(backbone, monkeypatch):
     """Waiting for a copy the copy thread will never finish (it died on a bug) raises
     instead of spinning forever."""

@@ -3,7 +3,9 @@ the launching process for its workers) and is never started over without --run.f
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
 import select
 import signal
 import subprocess
@@ -16,7 +18,8 @@ import pytest
 from legato.cli.main import main
 from legato.errors import ConfigError
 from legato.train.config import load_config
-from legato.train.run_dir import LOCK
+from legato.train.interrupt import Interrupted
+from legato.train.run_dir import LOCK, owned
 from legato.train.trainer import Trainer, TrainResult
 
 WAIT_S = 120.0
@@ -63,6 +66,29 @@ def test_a_held_run_dir_names_its_holder_and_a_killed_holder_frees_it(
         if holder.poll() is None:
             holder.kill()
             holder.wait()
+
+
+@pytest.mark.parametrize(
+    ("module", "name"),
+    [(fcntl, "flock"), (os.path, "samestat"), (os, "ftruncate"), (os, "pwrite")],
+)
+def test_a_signal_while_the_lock_is_taken_leaves_no_lock_behind(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, module: object, name: str
+) -> None:
+    """A stop signal in set-up raises wherever it lands: also inside taking the lock."""
+    real = getattr(module, name)
+
+    def interrupted(*args: object) -> object:
+        monkeypatch.setattr(module, name, real)  # one signal, then the call goes through
+        raise Interrupted(signal.SIGTERM)
+
+    monkeypatch.setattr(module, name, interrupted)
+    with pytest.raises(Interrupted), owned(tmp_path):
+        pass
+    assert list(tmp_path.iterdir()) == []
+    with owned(tmp_path):  # nothing half-taken still holds the lock
+        assert (tmp_path / LOCK).read_text() == f"{os.getpid()}\n"
+    assert list(tmp_path.iterdir()) == []
 
 
 def test_the_launcher_holds_the_lock_for_its_workers_for_the_whole_run(

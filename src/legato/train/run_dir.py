@@ -41,50 +41,70 @@ _LOCK_TRIES = 10
 def owned(run_dir: Path) -> Iterator[None]:
     """Hold ``run_dir``'s lock for the block; a no-op where this process or the one that
     launched it already holds it. A directory left with nothing but the lock file loses
-    that too, so a run that wrote nothing leaves no trace."""
+    that too, so a run that wrote nothing leaves no trace, also when a stop signal lands
+    while the lock is being taken (``Interrupted`` may be raised at any bytecode)."""
     key, before = str(run_dir.resolve()), os.environ.get(OWNER_ENV)
     if before == key:
         yield
         return
-    fd = _lock(run_dir / LOCK)
-    os.environ[OWNER_ENV] = key  # what launched workers inherit
+    fd: int | None = None
     try:
+        fd = _lock(run_dir / LOCK)
+        os.environ[OWNER_ENV] = key  # what launched workers inherit
         yield
     finally:
         if before is None:
             os.environ.pop(OWNER_ENV, None)
         else:
             os.environ[OWNER_ENV] = before
-        with contextlib.suppress(FileNotFoundError):
-            if not _contents(run_dir):
-                (run_dir / LOCK).unlink()
-        os.close(fd)
+        if fd is not None:
+            _release(fd, run_dir / LOCK)
 
 
 def _lock(path: Path) -> int:
     """The open, locked lock file with this pid in it; a ConfigError naming the holder's
-    pid when another process holds it."""
+    pid when another process holds it. Whatever stops it midway releases what it took."""
     for _ in range(_LOCK_TRIES):
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o666)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise ConfigError(
-                f"run.dir: {path.parent} is in use by another run (pid {holder}); wait for "
-                "it to end or choose another run.dir"
-            ) from None
-        try:
-            current = os.path.samestat(os.fstat(fd), os.stat(path))
-        except FileNotFoundError:
-            current = False
-        if current:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-            return fd
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+                raise ConfigError(
+                    f"run.dir: {path.parent} is in use by another run (pid {holder}); wait "
+                    "for it to end or choose another run.dir"
+                ) from None
+            if _is_current(fd, path):
+                os.ftruncate(fd, 0)
+                os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+                return fd
+        except BaseException:
+            _release(fd, path)
+            raise
         os.close(fd)  # a holder leaving an empty directory removed this file: lock anew
     raise ConfigError(f"run.dir: could not lock {path}")
+
+
+def _release(fd: int, path: Path) -> None:
+    """Close the lock file ``fd``, first removing it when this process holds it, it is
+    still the file at ``path`` and the directory holds nothing else."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a no-op where already held
+        if _is_current(fd, path) and not _contents(path.parent):
+            path.unlink()
+    except (BlockingIOError, FileNotFoundError):
+        pass  # another run holds it, or the file or directory is gone
+    finally:
+        os.close(fd)
+
+
+def _is_current(fd: int, path: Path) -> bool:
+    """Whether ``fd`` is the file at ``path`` (not one a leaving holder already removed)."""
+    try:
+        return os.path.samestat(os.fstat(fd), os.stat(path))
+    except FileNotFoundError:
+        return False
 
 
 def _contents(run_dir: Path) -> list[str]:
