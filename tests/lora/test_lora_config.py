@@ -88,8 +88,9 @@ def test_config_level_mistakes(tmp_path, data_file):
         _config(tmp_path, {"name": "a/b", "data": data_file})
     with pytest.raises(LegatoError, match="base: unknown model 'nope'"):
         _config(tmp_path, {"name": "a", "data": data_file}, base={"preset": "nope"}).base.spec()
-    with pytest.raises(ConfigError, match="base: LoRA fine-tuning supports dense attention"):
-        finetune(_config(tmp_path, {"name": "a", "data": data_file}, base={"preset": "tiny-moe"}))
+    router = {"name": "a", "data": data_file, "target_modules": ["gate"]}  # inside MoE layers
+    with pytest.raises(ConfigError, match=r"tasks\.a\.target_modules: 'gate' is not a linear"):
+        finetune(_config(tmp_path, router, base={"preset": "tiny-moe"}))
 
 
 def test_overrides_and_relative_data_paths(tmp_path, data_file):

@@ -11,6 +11,8 @@ from torch.utils.checkpoint import checkpoint
 
 from legato.memory import ActivationSwap, SavedBytes, count_saved_tensors
 from legato.models import build_model
+from legato.models.attention import SdpaAttention
+from legato.models.forward_context import ForwardContext
 from legato.precision import convert_to_fp8
 from legato.specs import load_model
 
@@ -78,7 +80,9 @@ def test_moe_model_and_retained_graph() -> None:
 def _manual_forward(model, blocks_via):
     """The decoder loop with each block called through ``blocks_via(i, block, x, rope)``."""
     x = model.model.embed_tokens(IDS)
-    rope = model.model.rotary_emb(torch.arange(IDS.shape[1]).expand_as(IDS))
+    rope = ForwardContext(
+        model.model.rotary_emb(torch.arange(IDS.shape[1]).expand_as(IDS)), SdpaAttention()
+    )
     for i, block in enumerate(model.blocks):
         x = blocks_via(i, block, x, rope)
     return F.linear(model.model.norm(x), model.output_weight())

@@ -7,7 +7,8 @@ import math
 
 import torch
 
-from legato.models.attention import Attention
+from legato.models.attention import Attention, SdpaAttention
+from legato.models.forward_context import ForwardContext
 from legato.models.mla import MLAttention
 from legato.models.rope import RotaryEmbedding, apply_rope
 
@@ -34,7 +35,8 @@ def test_gqa_equals_mha_with_repeated_kv_weights(zoo):
             getattr(mha, name).weight.copy_(heads.repeat_interleave(group, dim=0).flatten(0, 1))
     x = torch.randn(2, 9, spec.hidden_size)
     rope = RotaryEmbedding(d, spec.seq_len, spec.rope_theta)(torch.arange(9).expand(2, 9))
-    torch.testing.assert_close(gqa(x, rope), mha(x, rope))
+    ctx = ForwardContext(rope, SdpaAttention())
+    torch.testing.assert_close(gqa(x, ctx), mha(x, ctx))
 
 
 def test_rope_scores_depend_only_on_relative_position():
@@ -92,4 +94,9 @@ def test_mla_matches_naive_per_head_attention(zoo):
     rope = RotaryEmbedding(attn.rope_dim, spec.seq_len, spec.rope_theta)(
         torch.arange(7).expand(2, 7)
     )
-    torch.testing.assert_close(attn(x, rope), _naive_mla(attn, x, rope), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(
+        attn(x, ForwardContext(rope, SdpaAttention())),
+        _naive_mla(attn, x, rope),
+        rtol=1e-4,
+        atol=1e-5,
+    )

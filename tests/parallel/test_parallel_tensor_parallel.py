@@ -31,6 +31,8 @@ from torch.distributed.tensor.parallel import (
 
 from gloo_harness import run_ranks
 from legato.models import build_model
+from legato.models.attention import SdpaAttention
+from legato.models.forward_context import ForwardContext
 from legato.parallel import (
     CollectiveRecorder,
     LayoutMismatch,
@@ -60,7 +62,7 @@ def reference():
     block = model.model.layers[0]
     x = torch.randn(B, S, SPEC.hidden_size, generator=torch.Generator().manual_seed(1))
     x.requires_grad_()
-    rope = model.model.rotary_emb(torch.arange(S).expand(B, S))
+    rope = ForwardContext(model.model.rotary_emb(torch.arange(S).expand(B, S)), SdpaAttention())
     out = block(x, rope)
     out.backward(torch.ones_like(out))
     grads = {n: p.grad.clone() for n, p in block.named_parameters()}

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from legato.errors import ConfigError
+from legato.moe import MoELayer
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,14 @@ class AdapterShape:
 
 
 def linear_layers(model: nn.Module) -> dict[str, nn.Linear]:
-    return {path: m for path, m in model.named_modules() if isinstance(m, nn.Linear)}
+    """The linear layers a LoRA can adapt: every ``nn.Linear`` the block's linear backend
+    runs, so none inside an MoE layer (its router and shared experts run plain)."""
+    inside_moe = tuple(f"{path}." for path, m in model.named_modules() if isinstance(m, MoELayer))
+    return {
+        path: m
+        for path, m in model.named_modules()
+        if isinstance(m, nn.Linear) and not path.startswith(inside_moe)
+    }
 
 
 def resolve_targets(model: nn.Module, names: Sequence[str], where: str) -> list[str]:

@@ -1,16 +1,18 @@
 """The frozen backbone run over several tasks' tokens at once, each with its own adapter.
 
 ``Transformer.forward`` takes one rectangular ``[B, S]`` batch; fused multi-task training
-needs tasks of different sequence lengths in one pass. So this module walks the same
-modules (norms, projections, RoPE, ``attend``, ``activate``) over a flat token layout:
-every task's ``[n_i, L_i]`` sequences are flattened and concatenated into ``[T, h]`` rows,
-every linear layer runs once over all rows through :func:`fused_lora_linear`, and only
-attention, which has no weights to share, runs per task on its own ``[n_i, L_i]`` view.
-With a single task this *is* legato's single-task LoRA path, so fused and single-task
-training execute the same code and differ only in how many rows each GEMM sees.
+needs tasks of different sequence lengths in one pass. So the decoder runs over a flat
+token layout (``Decoder.forward`` with this module's backends): every task's ``[n_i, L_i]``
+sequences are flattened and concatenated into ``[T, h]`` rows, every linear layer runs
+once over all rows through :func:`fused_lora_linear` (the linear backend), and only
+attention, which has no weights to share, runs per task on its own ``[n_i, L_i]`` view
+(the attention backend). With a single task this *is* legato's single-task LoRA path, so
+fused and single-task training execute the same code and differ only in how many rows
+each GEMM sees.
 
-Dense attention models are supported (Llama, Qwen3, GPT styles); MoE and MLA backbones
-raise a ConfigError.
+Dense, MoE and MLA backbones run; LoRA adapts the layers the block's linear backend runs
+(attention projections, dense MLP layers, the LM head), not the experts or routers inside
+an MoE layer (``adapter.linear_layers``).
 """
 
 from __future__ import annotations
@@ -22,14 +24,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter
 from legato.lora.fused_linear import Segment, fused_lora_linear
 from legato.lora.segmented import Backend
 from legato.lora.task_data import IGNORE, Sequences
-from legato.models.attention import attend
-from legato.models.mlp import activate
-from legato.models.rope import apply_rope
+from legato.models.attention import SdpaAttention
 from legato.models.transformer import Transformer
 
 
@@ -43,14 +42,21 @@ class TaskRows:
 
 
 class _Layout:
-    """Where each task's rows sit in the packed ``[T, h]`` activations.
+    """Where each task's rows sit in the packed ``[T, h]`` activations, and the backends
+    that use it.
 
     Per-task views are taken with ``split`` rather than slicing: the backward of a slice
     allocates a zero tensor of the full packed size, which for k tasks costs k times the
     activation, while the backward of a split is one concatenation.
     """
 
-    def __init__(self, parts: Sequence[TaskRows], training: bool, backend: Backend) -> None:
+    def __init__(
+        self,
+        parts: Sequence[TaskRows],
+        training: bool,
+        backend: Backend,
+        paths: dict[nn.Module, str],
+    ) -> None:
         self.parts = list(parts)
         self.sizes = [part.sequences.num_tokens for part in self.parts]
         self.bounds: list[tuple[int, int]] = []
@@ -60,9 +66,12 @@ class _Layout:
             start += size
         self.training = training
         self.backend = backend
+        self.paths = paths
 
-    def linear(self, x: Tensor, path: str, layer: nn.Linear) -> Tensor:
-        """``layer`` over all rows, plus each task's LoRA on its rows if it targets ``path``."""
+    def linear(self, layer: nn.Module, x: Tensor) -> Tensor:
+        """The linear backend: ``layer`` over all rows, plus each task's LoRA on its rows
+        if it targets the layer."""
+        path = self.paths[layer]
         segments, factors, drops = [], [], {}
         for i, (part, (start, stop)) in enumerate(zip(self.parts, self.bounds, strict=True)):
             found = part.adapter.factors(path) if part.adapter is not None else None
@@ -77,6 +86,24 @@ class _Layout:
             x, layer.weight, layer.bias, segments, factors, x_lora=x_lora, backend=self.backend
         )
 
+    def attention(self, module: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """The attention backend: q [H, T, D] (k/v [Hkv, T, D]), each task's rows viewed
+        as its [n, H, L, D] batch and attended with its own mask."""
+        outs = []
+        per_task = zip(
+            self.parts,
+            q.split(self.sizes, -2),
+            k.split(self.sizes, -2),
+            v.split(self.sizes, -2),
+            strict=True,
+        )
+        for part, qs, ks, vs in per_task:
+            shape = part.sequences.input_ids.shape  # n, L
+            qs, ks, vs = (t.unflatten(-2, shape).transpose(0, 1) for t in (qs, ks, vs))
+            out = SdpaAttention(part.sequences.attn_mask)(module, qs, ks, vs)
+            outs.append(out.transpose(0, 1).flatten(1, 2))
+        return torch.cat(outs, dim=-2)
+
     def _dropped(self, x: Tensor, drops: dict[int, LoraAdapter]) -> Tensor:
         """``x`` with LoRA dropout on the rows of the tasks in ``drops``, each from its own
         generator, so a task's masks do not depend on the tasks fused with it."""
@@ -90,16 +117,6 @@ class _Layout:
         return torch.cat(pieces)
 
 
-def check_supported(model: Transformer, field: str = "base", use: str = "LoRA fine-tuning") -> None:
-    """The flat-layout walkers (this one and serving's) cover dense attention only."""
-    spec = model.spec
-    if spec.moe is not None or spec.mla is not None:
-        kind = "MoE" if spec.moe is not None else "MLA"
-        raise ConfigError(
-            f"{field}: {use} supports dense attention models; {spec.name!r} is {kind}"
-        )
-
-
 class MultiLoraModel(nn.Module):
     """A frozen :class:`Transformer` that computes per-task losses for packed task rows."""
 
@@ -107,68 +124,26 @@ class MultiLoraModel(nn.Module):
         self, base: Transformer, backend: Backend = "auto", head_chunk_tokens: int = 1024
     ) -> None:
         super().__init__()
-        check_supported(base)
         self.base = base.requires_grad_(False).eval()
         self.backend = backend
         self.head_chunk_tokens = head_chunk_tokens
+        self._paths = {module: path for path, module in base.named_modules()}
+
+    def _layout(self, parts: Sequence[TaskRows], training: bool) -> _Layout:
+        return _Layout(parts, training, self.backend, self._paths)
 
     def hidden_states(self, parts: Sequence[TaskRows]) -> tuple[Tensor, _Layout]:
         """Final-normed hidden states [T, h] of all tasks' rows, packed in order."""
-        layout = _Layout(parts, self.training and torch.is_grad_enabled(), self.backend)
-        decoder = self.base.model
+        layout = self._layout(parts, self.training and torch.is_grad_enabled())
         ids = torch.cat([p.sequences.input_ids.reshape(-1) for p in parts])
-        x = decoder.embed_tokens(ids)
-        if decoder.embed_positions is not None:
-            pos = torch.cat([p.sequences.position_ids.reshape(-1) for p in parts])
-            x = x + decoder.embed_positions(pos)
-        ropes = [
-            decoder.rotary_emb(p.sequences.position_ids) if decoder.rotary_emb else None
-            for p in parts
-        ]
-        for i, block in enumerate(decoder.layers):
-            prefix = f"model.layers.{i}"
-            x = x + self._attention(
-                block.self_attn, block.input_layernorm(x), prefix, layout, ropes
-            )
-            h = block.post_attention_layernorm(x)
-            mlp, mp = block.mlp, f"{prefix}.mlp"
-            gate = layout.linear(h, f"{mp}.gate_proj", mlp.gate_proj) if mlp.gate_proj else None
-            up = layout.linear(h, f"{mp}.up_proj", mlp.up_proj)
-            x = x + layout.linear(activate(up, gate), f"{mp}.down_proj", mlp.down_proj)
-        return decoder.norm(x), layout
-
-    def _attention(self, attn, x: Tensor, prefix: str, layout: _Layout, ropes) -> Tensor:
-        p = f"{prefix}.self_attn"
-        q = layout.linear(x, f"{p}.q_proj", attn.q_proj)
-        k = layout.linear(x, f"{p}.k_proj", attn.k_proj)
-        v = layout.linear(x, f"{p}.v_proj", attn.v_proj)
-        outs = []
-        per_task = zip(
-            layout.parts,
-            q.split(layout.sizes),
-            k.split(layout.sizes),
-            v.split(layout.sizes),
-            ropes,
-            strict=True,
-        )
-        for part, qs, ks, vs, rope in per_task:
-            n, length = part.sequences.input_ids.shape
-            qs = qs.view(n, length, attn.num_heads, attn.head_dim)
-            ks = ks.view(n, length, attn.num_kv_heads, attn.head_dim)
-            vs = vs.view(n, length, attn.num_kv_heads, attn.head_dim)
-            if attn.q_norm is not None:
-                qs, ks = attn.q_norm(qs), attn.k_norm(ks)
-            qs, ks, vs = qs.transpose(1, 2), ks.transpose(1, 2), vs.transpose(1, 2)
-            if rope is not None:
-                qs, ks = apply_rope(qs, *rope), apply_rope(ks, *rope)
-            out = attend(qs, ks, vs, part.sequences.attn_mask)
-            outs.append(out.transpose(1, 2).reshape(n * length, -1))
-        return layout.linear(torch.cat(outs), f"{p}.o_proj", attn.o_proj)
+        positions = torch.cat([p.sequences.position_ids.reshape(-1) for p in parts])
+        hidden = self.base.model(ids, positions, attention=layout.attention, linear=layout.linear)
+        return hidden, layout
 
     def _head(self, hidden: Tensor, layout: _Layout) -> Tensor:
         head = self.base.lm_head
         if head is not None:
-            return layout.linear(hidden, "lm_head", head)
+            return layout.linear(head, hidden)
         return F.linear(hidden, self.base.output_weight())
 
     def logits(self, parts: Sequence[TaskRows]) -> tuple[Tensor, list[int]]:
@@ -186,7 +161,7 @@ class MultiLoraModel(nn.Module):
         hidden, layout = self.hidden_states(parts)
         losses: list[Tensor] = []
         for group, rows in self._head_groups(layout, hidden):
-            sub = _Layout(group, layout.training, self.backend)
+            sub = self._layout(group, layout.training)
             labels = torch.cat([p.sequences.labels.reshape(-1) for p in group])
             token_losses = F.cross_entropy(
                 self._head(rows, sub).float(), labels, ignore_index=IGNORE, reduction="none"

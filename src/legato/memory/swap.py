@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 from torch import Tensor, nn
@@ -214,3 +214,5 @@ def _tensors(values: Iterable) -> Iterable[Tensor]:
             yield v
         elif isinstance(v, (tuple, list)):
             yield from _tensors(v)
+        elif is_dataclass(v):  # a block's ForwardContext: rope, masks
+            yield from _tensors(getattr(v, f.name) for f in fields(v))

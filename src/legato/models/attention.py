@@ -1,7 +1,9 @@
 """Grouped-query self-attention (GQA; MHA and MQA are special cases) with HF Llama names.
 
-All attention in legato goes through :func:`attend`, so the mask convention lives in one
-place: without ``attn_mask`` attention is causal; with one, the mask *replaces* the causal
+The module computes projections, per-head norms and RoPE, and hands q, k, v to the
+attention backend of its ``ForwardContext`` (``forward_context``). Training's backend is
+:class:`SdpaAttention`; all its attention goes through :func:`attend`, so the mask
+convention lives in one place: without ``attn_mask`` attention is causal; with one, the mask *replaces* the causal
 mask (a boolean mask, True = may attend, or an additive float mask, broadcastable to
 [B, H, S, S]), so packed documents can reset positions and block cross-document attention.
 
@@ -15,16 +17,17 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
+from dataclasses import dataclass
 
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from legato.models.forward_context import ForwardContext
 from legato.models.norms import build_norm
 from legato.models.rope import apply_rope
 from legato.specs.model import ModelSpec
 
-Rope = tuple[Tensor, Tensor]  # cos, sin: [B, S, rotary_dim]
 AttendFn = Callable[[Tensor, Tensor, Tensor, "Tensor | None"], Tensor]
 
 _OVERRIDE: ContextVar[AttendFn | None] = ContextVar("legato_attend_override", default=None)
@@ -63,11 +66,23 @@ def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: object, is_causal: 
     )
 
 
+@dataclass(frozen=True)
+class SdpaAttention:
+    """Training's attention backend: a rectangular batch q [B, H, S, D] through
+    :func:`attend` with ``mask`` (None = causal)."""
+
+    mask: Tensor | None = None
+
+    def __call__(self, module: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        return attend(q, k, v, self.mask, recompute=module.recompute_core)
+
+
 class Attention(nn.Module):
     """``q_proj``/``k_proj``/``v_proj``/``o_proj``; optional per-head ``q_norm``/``k_norm``."""
 
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_index: int = 0) -> None:
         super().__init__()
+        self.layer_index = layer_index
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
@@ -83,15 +98,15 @@ class Attention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def forward(self, x: Tensor, rope: Rope | None, attn_mask: Tensor | None = None) -> Tensor:
-        b, s, _ = x.shape
-        q = self.q_proj(x).view(b, s, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(b, s, self.num_kv_heads, self.head_dim)
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """``x`` [..., S, h] -> [..., S, h]; the leading dims are the backend's business."""
+        q = ctx.linear(self.q_proj, x).unflatten(-1, (self.num_heads, self.head_dim))
+        k = ctx.linear(self.k_proj, x).unflatten(-1, (self.num_kv_heads, self.head_dim))
+        v = ctx.linear(self.v_proj, x).unflatten(-1, (self.num_kv_heads, self.head_dim))
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        if rope is not None:
-            q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-        out = attend(q, k, v, attn_mask, recompute=self.recompute_core)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        q, k, v = q.transpose(-3, -2), k.transpose(-3, -2), v.transpose(-3, -2)
+        if ctx.rope is not None:
+            q, k = apply_rope(q, *ctx.rope), apply_rope(k, *ctx.rope)
+        out = ctx.attention(self, q, k, v)
+        return ctx.linear(self.o_proj, out.transpose(-3, -2).flatten(-2))

@@ -13,18 +13,19 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from legato.models.attention import Rope, attend
+from legato.models.forward_context import ForwardContext, Rope
 from legato.models.norms import build_norm
 from legato.models.rope import apply_rope
 from legato.specs.model import ModelSpec
 
 
 class MLAttention(nn.Module):
-    def __init__(self, spec: ModelSpec) -> None:
+    def __init__(self, spec: ModelSpec, layer_index: int = 0) -> None:
         super().__init__()
         mla = spec.mla
         assert mla is not None
         h, heads, bias = spec.hidden_size, spec.num_heads, spec.bias
+        self.layer_index = layer_index
         self.num_heads = heads
         self.recompute_core = False  # set by parallel.recompute (selective)
         self.nope_dim = mla.qk_nope_head_dim
@@ -51,29 +52,30 @@ class MLAttention(nn.Module):
         else:
             self.q_norm = self.k_norm = None
 
-    def _query(self, x: Tensor) -> Tensor:
+    def _query(self, x: Tensor, ctx: ForwardContext) -> Tensor:
         if self.low_rank_q:
-            return self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x)))
-        return self.q_proj(x)
+            return ctx.linear(self.q_b_proj, self.q_a_layernorm(ctx.linear(self.q_a_proj, x)))
+        return ctx.linear(self.q_proj, x)
 
     def _rotate_tail(self, x: Tensor, rope: Rope) -> Tensor:
         """RoPE on the last ``rope_dim`` features of each head, the rest untouched."""
         nope, rot = x.split((self.nope_dim, self.rope_dim), dim=-1)
         return torch.cat((nope, apply_rope(rot, *rope, interleaved=True)), dim=-1)
 
-    def forward(self, x: Tensor, rope: Rope | None, attn_mask: Tensor | None = None) -> Tensor:
-        assert rope is not None, "MLA needs rotary positions"
-        b, s, _ = x.shape
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        """``x`` [..., S, h] -> [..., S, h]; q/k/v reach the backend as [..., H, S, D]."""
+        assert ctx.rope is not None, "MLA needs rotary positions"
         heads = self.num_heads
-        q = self._query(x).view(b, s, heads, -1).transpose(1, 2)
-        latent, k_rot = self.kv_a_proj_with_mqa(x).split((self.kv_lora_rank, self.rope_dim), -1)
-        kv = self.kv_b_proj(self.kv_a_layernorm(latent))
-        kv = kv.view(b, s, heads, self.nope_dim + self.v_dim).transpose(1, 2)
+        q = self._query(x, ctx).unflatten(-1, (heads, -1)).transpose(-3, -2)
+        compressed = ctx.linear(self.kv_a_proj_with_mqa, x)
+        latent, k_rot = compressed.split((self.kv_lora_rank, self.rope_dim), -1)
+        kv = ctx.linear(self.kv_b_proj, self.kv_a_layernorm(latent))
+        kv = kv.unflatten(-1, (heads, self.nope_dim + self.v_dim)).transpose(-3, -2)
         k_nope, v = kv.split((self.nope_dim, self.v_dim), dim=-1)
-        k_rot = k_rot.view(b, 1, s, self.rope_dim).expand(b, heads, s, self.rope_dim)
+        k_rot = k_rot.unsqueeze(-3).expand(*k_nope.shape[:-1], self.rope_dim)
         k = torch.cat((k_nope, k_rot), dim=-1)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
-        q, k = self._rotate_tail(q, rope), self._rotate_tail(k, rope)
-        out = attend(q, k, v, attn_mask, recompute=self.recompute_core)
-        return self.o_proj(out.transpose(1, 2).reshape(b, s, -1))
+        q, k = self._rotate_tail(q, ctx.rope), self._rotate_tail(k, ctx.rope)
+        out = ctx.attention(self, q, k, v)
+        return ctx.linear(self.o_proj, out.transpose(-3, -2).flatten(-2))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from legato.models.forward_context import ForwardContext, call_layer
 from legato.specs.model import MlpKind
 
 
@@ -27,6 +28,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(hidden, ffn, bias=bias)
         self.down_proj = nn.Linear(ffn, hidden, bias=bias)
 
-    def forward(self, x: Tensor) -> Tensor:
-        gate = self.gate_proj(x) if self.gate_proj is not None else None
-        return self.down_proj(activate(self.up_proj(x), gate))
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
+        """``ctx`` supplies the linear backend (a LoRA's); without one (a shared expert
+        inside an MoE layer) the layers run plain."""
+        linear = ctx.linear if ctx is not None else call_layer
+        gate = linear(self.gate_proj, x) if self.gate_proj is not None else None
+        return linear(self.down_proj, activate(linear(self.up_proj, x), gate))

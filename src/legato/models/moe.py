@@ -10,6 +10,9 @@ afterwards with ``legato.parallel.expert.apply_expert_parallel``.
 
 from __future__ import annotations
 
+from torch import Tensor
+
+from legato.models.forward_context import ForwardContext
 from legato.models.mlp import MLP, activate
 from legato.moe import MoELayer, Router, Routing, load_balance_loss
 from legato.specs.model import ModelSpec
@@ -39,3 +42,9 @@ class MoE(MoELayer):
             activation=activate,
             shared_experts=shared,
         )
+
+    def forward(self, x: Tensor, ctx: ForwardContext | None = None) -> Tensor:
+        """The block's MLP slot. ``ctx``'s linear backend is not applied inside: the router
+        and the stacked experts are no LoRA targets (adapters cover attention and dense
+        MLP layers), and serving runs the experts as training does."""
+        return super().forward(x)

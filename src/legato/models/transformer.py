@@ -1,4 +1,11 @@
-"""The reference decoder-only transformer built from a :class:`ModelSpec`.
+"""The decoder-only transformer built from a :class:`ModelSpec`: the one definition that
+training, multi-LoRA fine-tuning and serving all run.
+
+``Block.forward`` is the computation; what differs between the uses are the attention and
+linear-layer backends of the :class:`ForwardContext` it is given (``forward_context``):
+training passes a rectangular [B, S] batch and :class:`SdpaAttention`, fine-tuning
+(``lora.packed_model``) and serving (``serve.paged_model``) pass flat token rows with
+their own backends through :meth:`Decoder.forward`'s ``attention`` and ``linear``.
 
 The module tree mirrors Hugging Face Llama (``model.embed_tokens``, ``model.layers.{i}.
 self_attn.q_proj``, ..., ``model.norm``, ``lm_head``), so ``state_dict()`` keys are HF keys
@@ -13,7 +20,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from legato.errors import ConfigError, SpecError
-from legato.models.attention import Attention, Rope
+from legato.models.attention import Attention, SdpaAttention
+from legato.models.forward_context import (
+    AttentionBackend,
+    ForwardContext,
+    LinearBackend,
+    call_layer,
+)
 from legato.models.mla import MLAttention
 from legato.models.mlp import MLP
 from legato.models.moe import MoE
@@ -32,16 +45,17 @@ class Block(nn.Module):
         super().__init__()
         h = spec.hidden_size
         self.input_layernorm = build_norm(spec.norm, h, spec.norm_eps)
-        self.self_attn = MLAttention(spec) if spec.mla is not None else Attention(spec)
+        attention = MLAttention if spec.mla is not None else Attention
+        self.self_attn = attention(spec, layer)
         self.post_attention_layernorm = build_norm(spec.norm, h, spec.norm_eps)
         if spec.is_moe_layer(layer):
             self.mlp = MoE(spec)
         else:
             self.mlp = MLP(h, spec.ffn_hidden_size, spec.mlp, spec.bias)
 
-    def forward(self, x: Tensor, rope: Rope | None, attn_mask: Tensor | None = None) -> Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), rope, attn_mask)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, x: Tensor, ctx: ForwardContext) -> Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), ctx)
+        return x + self.mlp(self.post_attention_layernorm(x), ctx)
 
 
 class Decoder(nn.Module):
@@ -62,10 +76,21 @@ class Decoder(nn.Module):
         self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
 
     def forward(
-        self, input_ids: Tensor, position_ids: Tensor | None = None, attn_mask: Tensor | None = None
+        self,
+        input_ids: Tensor,
+        position_ids: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        *,
+        attention: AttentionBackend | None = None,
+        linear: LinearBackend = call_layer,
     ) -> Tensor:
-        b, s = input_ids.shape
+        """Final-normed hidden states [..., S, h] of ``input_ids`` [..., S].
+
+        A training batch is [B, S] with the default :class:`SdpaAttention` of ``attn_mask``;
+        flat token rows [T] come with their positions and the backend that knows which
+        rows belong together (``attn_mask`` is then the backend's business)."""
         if position_ids is None:
+            b, s = input_ids.shape
             if s > self.seq_len:
                 raise ConfigError(
                     f"input has {s} tokens per sequence, model seq_len is {self.seq_len}"
@@ -77,8 +102,9 @@ class Decoder(nn.Module):
             x = x + self.embed_positions(position_ids)
         else:
             rope = self.rotary_emb(position_ids)
+        ctx = ForwardContext(rope, attention or SdpaAttention(attn_mask), linear)
         for layer in self.layers:
-            x = layer(x, rope, attn_mask)
+            x = layer(x, ctx)
         return self.norm(x)
 
 

@@ -27,7 +27,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from legato.errors import ConfigError
-from legato.models.attention import Rope
+from legato.models.attention import SdpaAttention
+from legato.models.forward_context import ForwardContext, call_layer
 from legato.parallel.tensor import block_layout
 from legato.parallel.tensor_parallel import place_weights, run_dense_layout
 from legato.plan.sbp_layout import PartLayout
@@ -59,14 +60,14 @@ def _forward(
     spec: ModelSpec,
     mesh: DeviceMesh,
     x: Tensor,
-    rope: Rope | None,
-    attn_mask: Tensor | None = None,
+    ctx: ForwardContext,
 ) -> Tensor:
     """One block on the replicated stream ``x``: in as a replicated DTensor, through the
     layout's ops, out gathered (the backward slices and reduces the gradients back)."""
-    if attn_mask is not None or rope is None:
+    causal = isinstance(ctx.attention, SdpaAttention) and ctx.attention.mask is None
+    if not causal or ctx.rope is None or ctx.linear is not call_layer:
         raise ConfigError("strategy.tp: 2-D tensor parallelism runs causal RoPE attention only")
     weights = dict(block.named_parameters())
     stream = DTensor.from_local(x, mesh, [Replicate()] * mesh.ndim, run_check=False)
     eps = block.input_layernorm.eps
-    return run_dense_layout(weights, stream, rope, layout, spec, eps).full_tensor()
+    return run_dense_layout(weights, stream, ctx.rope, layout, spec, eps).full_tensor()

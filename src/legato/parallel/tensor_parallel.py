@@ -101,10 +101,9 @@ def tensor_parallel_plan(layout: PartLayout, axis: str = "tp") -> dict[str, Any]
         arriving = written.get(placed.inputs[0][0])
         if placed.op.kind in ("qkv", "mlp_up") and isinstance(arriving, Shard):
             parent = placed.weights[0][0].split(".")[0]  # self_attn / mlp
-            rest = (None, None) if placed.op.kind == "qkv" else ()  # rope, mask
-            plan[parent] = PrepareModuleInput(
-                input_layouts=(to_torch(arriving), *rest),
-                desired_input_layouts=(to_torch(source), *rest),
+            plan[parent] = PrepareModuleInput(  # (x, the forward context)
+                input_layouts=(to_torch(arriving), None),
+                desired_input_layouts=(to_torch(source), None),
             )
     return plan
 

@@ -3,17 +3,18 @@ attending over a paged KV cache.
 
 ``Transformer.forward`` takes a rectangular batch and recomputes every position; serving
 needs each request's *new* tokens only (a prompt chunk, or one decode token), attending to
-the keys and values it cached in earlier steps. So this walks the same modules as the
-training model (norms, projections, RoPE, ``activate``, grouped SDPA) over a flat layout:
-all requests' new tokens are concatenated into ``[T, h]`` rows, every linear layer runs
-once over all rows, and each adapter's LoRA is added on its requests' rows through the
-segmented GEMM of ``lora/segmented.py`` (Punica's SGMV shape). Only attention runs per
-request: its new keys and values are written into its cache blocks, and its queries attend
-to all of its cached positions up to their own.
+the keys and values it cached in earlier steps. So the decoder runs over a flat layout
+(``Decoder.forward`` with this module's backends): all requests' new tokens are
+concatenated into ``[T, h]`` rows, every linear layer runs once over all rows, and each
+adapter's LoRA is added on its requests' rows through the segmented GEMM of
+``lora/segmented.py`` (Punica's SGMV shape; the linear backend). Only attention runs per
+request (the attention backend): its new keys and values are written into its cache
+blocks, and its queries attend to all of its cached positions up to their own.
 
 The cache is one tensor ``[blocks, layers, 2, block_size, kv_heads, head_dim]``; which
-request may write which block is ``blocks.BlockManager``'s business. Dense attention
-models (Llama, Qwen3, GPT styles) are served; MoE and MLA backbones are refused.
+request may write which block is ``blocks.BlockManager``'s business. Dense and MoE models
+are served (LoRA on the layers ``adapter.linear_layers`` names); MLA backbones are
+refused: their keys and values differ in width, which this cache does not hold.
 """
 
 from __future__ import annotations
@@ -25,12 +26,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter
-from legato.lora.packed_model import check_supported
 from legato.lora.segmented import Segment, lora_forward
 from legato.models.attention import grouped_sdpa
-from legato.models.mlp import activate
-from legato.models.rope import apply_rope
 from legato.models.transformer import Transformer
 
 
@@ -84,10 +83,11 @@ class PagedKVCache:
 
 
 class _Lora:
-    """Each adapter's LoRA on its requests' rows (consecutive requests of one adapter form
-    one segment)."""
+    """The linear backend: each adapter's LoRA on its requests' rows (consecutive
+    requests of one adapter form one segment)."""
 
-    def __init__(self, parts: Sequence[StepRows]) -> None:
+    def __init__(self, parts: Sequence[StepRows], paths: dict[nn.Module, str]) -> None:
+        self.paths = paths
         self.groups: list[tuple[LoraAdapter, int, int]] = []
         start = 0
         for part in parts:
@@ -103,8 +103,9 @@ class _Lora:
                     self.groups.append((part.adapter, start, stop))
             start = stop
 
-    def linear(self, x: Tensor, path: str, layer: nn.Linear) -> Tensor:
+    def __call__(self, layer: nn.Module, x: Tensor) -> Tensor:
         y = F.linear(x, layer.weight, layer.bias)
+        path = self.paths[layer]
         segments, a_mats, b_mats = [], [], []
         for adapter, start, stop in self.groups:
             found = adapter.factors(path)
@@ -117,74 +118,66 @@ class _Lora:
         return y
 
 
+@dataclass(frozen=True)
+class _PagedAttention:
+    """The attention backend: each request's new keys and values written into its blocks,
+    its queries attending to all of its cached positions up to their own."""
+
+    cache: PagedKVCache
+    parts: Sequence[StepRows]
+
+    def __call__(self, module: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q [H, T, D], k/v [Hkv, T, D] -> [H, T, D]."""
+        sizes = [len(part.tokens) for part in self.parts]
+        outs = []
+        for part, qs, ks, vs in zip(
+            self.parts, q.split(sizes, -2), k.split(sizes, -2), v.split(sizes, -2), strict=True
+        ):
+            self.cache.write(module.layer_index, part, ks.transpose(0, 1), vs.transpose(0, 1))
+            length = part.start + len(part.tokens)
+            keys, values = self.cache.read(module.layer_index, part.blocks, length)
+            query_pos = torch.arange(part.start, length, device=q.device)[:, None]
+            mask = torch.arange(length, device=q.device)[None, :] <= query_pos
+            out = grouped_sdpa(
+                qs[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask,
+                is_causal=False,
+            )  # fmt: skip
+            outs.append(out[0])
+        return torch.cat(outs, dim=-2)
+
+
 class PagedModel:
     """``step(parts)``: the next-token logits of each part's last new token."""
 
     def __init__(self, model: Transformer, cache: PagedKVCache) -> None:
-        check_supported(model, "--model", "serving")
+        if model.spec.mla is not None:
+            raise ConfigError(
+                f"--model: serving supports attention with one key/value width; "
+                f"{model.spec.name!r} uses MLA"
+            )
         self.model = model.eval().requires_grad_(False)
         self.cache = cache
+        self._paths = {module: path for path, module in model.named_modules()}
 
     @torch.inference_mode()
     def step(self, parts: Sequence[StepRows]) -> Tensor:
         """Logits [len(parts), vocab] (float32) after each part's last token."""
-        decoder = self.model.model
         device = self.model.output_weight().device
-        lora = _Lora(parts)
         ids = torch.tensor([t for p in parts for t in p.tokens], device=device)
         positions = torch.cat(
             [torch.arange(p.start, p.start + len(p.tokens), device=device) for p in parts]
         )
-        x = decoder.embed_tokens(ids)
-        rope = None
-        if decoder.embed_positions is not None:
-            x = x + decoder.embed_positions(positions)
-        else:
-            cos, sin = decoder.rotary_emb(positions[None])
-            rope = (cos, sin)
-        sizes = [len(p.tokens) for p in parts]
-        for i, block in enumerate(decoder.layers):
-            prefix = f"model.layers.{i}"
-            x = x + self._attention(
-                i, block.self_attn, block.input_layernorm(x), prefix, parts, sizes, lora, rope
-            )
-            h = block.post_attention_layernorm(x)
-            mlp, path = block.mlp, f"{prefix}.mlp"
-            gate = lora.linear(h, f"{path}.gate_proj", mlp.gate_proj) if mlp.gate_proj else None
-            up = lora.linear(h, f"{path}.up_proj", mlp.up_proj)
-            x = x + lora.linear(activate(up, gate), f"{path}.down_proj", mlp.down_proj)
-        last = torch.tensor(sizes, device=device).cumsum(0) - 1
-        hidden = decoder.norm(x[last])
+        hidden = self.model.model(
+            ids,
+            positions,
+            attention=_PagedAttention(self.cache, parts),
+            linear=_Lora(parts, self._paths),
+        )
+        last = torch.tensor([len(p.tokens) for p in parts], device=device).cumsum(0) - 1
+        hidden = hidden[last]
         if self.model.lm_head is None:
             return F.linear(hidden, self.model.output_weight()).float()
-        return _Lora(_last_rows(parts)).linear(hidden, "lm_head", self.model.lm_head).float()
-
-    def _attention(self, layer, attn, x, prefix, parts, sizes, lora, rope) -> Tensor:
-        path = f"{prefix}.self_attn"
-        t = x.shape[0]
-        q = lora.linear(x, f"{path}.q_proj", attn.q_proj).view(t, attn.num_heads, attn.head_dim)
-        k = lora.linear(x, f"{path}.k_proj", attn.k_proj).view(t, attn.num_kv_heads, attn.head_dim)
-        v = lora.linear(x, f"{path}.v_proj", attn.v_proj).view(t, attn.num_kv_heads, attn.head_dim)
-        if attn.q_norm is not None:
-            q, k = attn.q_norm(q), attn.k_norm(k)
-        if rope is not None:  # apply_rope takes [B, H, S, D]
-            q = apply_rope(q.transpose(0, 1)[None], *rope)[0].transpose(0, 1)
-            k = apply_rope(k.transpose(0, 1)[None], *rope)[0].transpose(0, 1)
-        outs = []
-        for part, qs, ks, vs in zip(
-            parts, q.split(sizes), k.split(sizes), v.split(sizes), strict=True
-        ):
-            self.cache.write(layer, part, ks, vs)
-            length = part.start + len(part.tokens)
-            keys, values = self.cache.read(layer, part.blocks, length)
-            query_pos = torch.arange(part.start, length, device=x.device)[:, None]
-            mask = torch.arange(length, device=x.device)[None, :] <= query_pos
-            out = grouped_sdpa(
-                qs.transpose(0, 1)[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None],
-                mask, is_causal=False,
-            )  # fmt: skip
-            outs.append(out[0].transpose(0, 1).reshape(len(part.tokens), -1))
-        return lora.linear(torch.cat(outs), f"{path}.o_proj", attn.o_proj)
+        return _Lora(_last_rows(parts), self._paths)(self.model.lm_head, hidden).float()
 
 
 def _last_rows(parts: Sequence[StepRows]) -> list[StepRows]:

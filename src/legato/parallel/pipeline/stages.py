@@ -17,6 +17,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from legato.errors import ConfigError
+from legato.models.attention import SdpaAttention
+from legato.models.forward_context import ForwardContext
 from legato.models.transformer import Transformer
 from legato.schedule import StagePlacement
 from legato.specs.strategy import layer_ranges as split_layers  # the cost model's split
@@ -66,8 +68,9 @@ class StageModule(nn.Module):
             if self.embed_positions is not None:
                 x = x + self.embed_positions(position_ids)
         rope = self.rotary_emb(position_ids) if self.rotary_emb is not None else None
+        ctx = ForwardContext(rope, SdpaAttention())
         for layer in self.layers:
-            x = layer(x, rope, None)
+            x = layer(x, ctx)
         return self.norm(x) if self.is_last else x
 
     def output_weight(self) -> Tensor:
