@@ -84,7 +84,7 @@ def layer_work(
     mask = 1 if runtime.dropout else 0
     ops = op_bytes(runtime, d, model.mlp)
     qk_dim, v_dim = head_dims(model)
-    weights = model.with_(bias=False)
+    weights = model.with_(bias=False, qkv_bias=False)
     proj = attention_params(weights)[0]
     out_w = model.num_heads * v_dim * h
     heads = model.num_heads / t

@@ -23,7 +23,6 @@ import os
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
 
 import torch
 from safetensors import SafetensorError
@@ -33,8 +32,8 @@ from torch import Tensor
 from legato.atomic import write_atomic
 from legato.errors import CheckpointError
 from legato.models.transformer import Transformer
+from legato.specs.hf_config import HFStyle
 
-HFStyle = Literal["qwen", "mixtral"]
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9  # HF's default max_shard_size="5GB"
@@ -51,7 +50,7 @@ def default_hf_style(model: Transformer) -> HFStyle:
     return "mixtral" if model.spec.name.lower().startswith("mixtral") else "qwen"
 
 
-def _hf_entries(model: Transformer, style: HFStyle | None) -> list[tuple[str, str, int | None]]:
+def hf_entries(model: Transformer, style: HFStyle | None) -> list[tuple[str, str, int | None]]:
     """(HF key, our key, expert index or None) for every tensor of the model's state."""
     style = style or default_hf_style(model)
     if style not in ("qwen", "mixtral"):
@@ -81,7 +80,7 @@ def to_hf_state_dict(model: Transformer, hf_style: HFStyle | None = None) -> dic
     state = model.state_dict()
     return {
         hf_key: state[key] if j is None else state[key][j]
-        for hf_key, key, j in _hf_entries(model, hf_style)
+        for hf_key, key, j in hf_entries(model, hf_style)
     }
 
 
@@ -89,23 +88,22 @@ def _first_problem(kind: str, keys: list[str]) -> str:
     return f"{len(keys)} {kind} key(s), first {keys[0]!r}"
 
 
-@torch.no_grad()
-def load_hf_state_dict(
-    model: Transformer, state: Mapping[str, Tensor], hf_style: HFStyle | None = None
+def check_keys(
+    model: Transformer, entries: list[tuple[str, str, int | None]], found: Mapping
 ) -> None:
-    """Copy HF-named tensors into the model; any missing, unexpected or wrongly shaped key
-    raises :class:`CheckpointError` before anything is changed."""
-    entries = _hf_entries(model, hf_style)
+    """A CheckpointError naming the first missing, unexpected or wrongly shaped key when
+    ``found`` (HF key -> shape) does not hold exactly the (global) shapes of ``entries``."""
     ours = model.state_dict()
     expected = {
-        hf_key: ours[key].shape if j is None else ours[key].shape[1:] for hf_key, key, j in entries
+        hf_key: tuple(ours[key].shape if j is None else ours[key].shape[1:])
+        for hf_key, key, j in entries
     }
-    missing = [k for k in expected if k not in state]
-    unexpected = [k for k in state if k not in expected]
+    missing = [k for k in expected if k not in found]
+    unexpected = [k for k in found if k not in expected]
     mismatched = [
-        f"{k} {tuple(state[k].shape)} vs model {tuple(shape)}"
+        f"{k} {tuple(found[k])} vs model {shape}"
         for k, shape in expected.items()
-        if k in state and state[k].shape != shape
+        if k in found and tuple(found[k]) != shape
     ]
     problems = [
         _first_problem(kind, keys)
@@ -120,6 +118,17 @@ def load_hf_state_dict(
         raise CheckpointError(
             f"checkpoint does not match model {model.spec.name!r}: " + "; ".join(problems)
         )
+
+
+@torch.no_grad()
+def load_hf_state_dict(
+    model: Transformer, state: Mapping[str, Tensor], hf_style: HFStyle | None = None
+) -> None:
+    """Copy HF-named tensors into the model; any missing, unexpected or wrongly shaped key
+    raises :class:`CheckpointError` before anything is changed."""
+    entries = hf_entries(model, hf_style)
+    ours = model.state_dict()
+    check_keys(model, entries, {k: t.shape for k, t in state.items()})
     for hf_key, key, j in entries:
         target = ours[key] if j is None else ours[key][j]
         target.copy_(state[hf_key])

@@ -67,6 +67,31 @@ class MLASpec:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3.1's RoPE frequency scaling (HF ``rope_type = "llama3"``): wavelengths beyond
+    ``original_max_position_embeddings / low_freq_factor`` are stretched by ``factor``, those
+    below ``.../ high_freq_factor`` kept, the band between interpolated smoothly."""
+
+    factor: float
+    low_freq_factor: float
+    high_freq_factor: float
+    original_max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        _require(self.factor > 0, f"rope_scaling.factor must be > 0, got {self.factor}")
+        _require(
+            0 < self.low_freq_factor < self.high_freq_factor,
+            "rope_scaling: need 0 < low_freq_factor < high_freq_factor, got "
+            f"{self.low_freq_factor} and {self.high_freq_factor}",
+        )
+        _require(
+            self.original_max_position_embeddings >= 1,
+            "rope_scaling.original_max_position_embeddings must be >= 1, got "
+            f"{self.original_max_position_embeddings}",
+        )
+
+
+@dataclass(frozen=True)
 class ModelSpec:
     """A decoder-only transformer, dense or MoE.
 
@@ -87,9 +112,13 @@ class ModelSpec:
     norm: NormKind = "rmsnorm"
     position: PositionKind = "rope"
     bias: bool = False  # biases on every linear layer (GPT-2/3 style)
+    qkv_bias: bool = False  # biases on the q/k/v projections only (Qwen2)
+    # attend to at most this many positions, itself included (Mistral); None = all before
+    sliding_window: int | None = None
     qk_norm: bool = False  # per-head RMSNorm on Q and K (Qwen3)
     tied_embeddings: bool = False
     rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None  # None: plain RoPE
     norm_eps: float = 1e-5
     moe: MoESpec | None = None
     mla: MLASpec | None = None
@@ -121,6 +150,19 @@ class ModelSpec:
         _require(self.head_dim >= 1, "head_dim must be >= 1")
         if self.position == "rope" and self.mla is None:
             _require(self.head_dim % 2 == 0, f"rope needs an even head_dim, got {self.head_dim}")
+        if self.sliding_window is not None:
+            _require(
+                self.sliding_window >= 1,
+                f"sliding_window must be >= 1 (or unset), got {self.sliding_window}",
+            )
+        _require(
+            not (self.qkv_bias and self.mla is not None),
+            "qkv_bias: MLA has no q/k/v projections; set qkv_bias = false or drop mla",
+        )
+        _require(
+            self.rope_scaling is None or self.position == "rope",
+            f"rope_scaling needs position = 'rope', got {self.position!r}",
+        )
         if self.moe is not None:
             _require(
                 self.moe.first_dense_layers <= self.num_layers,

@@ -6,7 +6,8 @@ spelled out here once (Hugging Face Llama / Mixtral / Qwen3 / DeepSeek-V3 naming
 * ``embed_tokens [V, h]``; ``position="learned"`` adds ``[seq_len, h]``.
 * Per layer: ``input_layernorm [h]``, ``post_attention_layernorm [h]``; attention
   ``q_proj [heads*d, h]``, ``k_proj``/``v_proj [kv*d, h]``, ``o_proj [h, heads*d]``;
-  ``qk_norm`` adds ``q_norm``/``k_norm [d]`` (d = head_dim).
+  ``qk_norm`` adds ``q_norm``/``k_norm [d]`` (d = head_dim); ``qkv_bias`` (Qwen2) adds
+  biases ``[heads*d]``, ``[kv*d]``, ``[kv*d]`` to q/k/v only.
 * MLP: swiglu ``gate_proj``/``up_proj [ffn, h]`` + ``down_proj [h, ffn]``; gelu has only
   the up and down matrices.
 * MoE layer: router ``gate [E, h]`` (never a bias), E routed experts of
@@ -74,6 +75,8 @@ def attention_params(spec: ModelSpec) -> tuple[int, int]:
     if mla is None:
         q, kv = heads * spec.head_dim, spec.num_kv_heads * spec.head_dim
         proj = _linear(spec, h, q) + 2 * _linear(spec, h, kv) + _linear(spec, q, h)
+        if spec.qkv_bias and not spec.bias:
+            proj += q + 2 * kv
         return proj, 2 * _norm(spec, spec.head_dim) if spec.qk_norm else 0
     qk_head = mla.qk_nope_head_dim + mla.qk_rope_head_dim
     if mla.q_lora_rank is None:

@@ -7,7 +7,8 @@ one preset table: ModelSpec field names (with optional ``[moe]`` / ``[mla]`` tab
 a model; for a cluster ``device`` (a device preset name, file or table), ``nodes``,
 ``devices_per_node``, ``[intra_node]`` and ``[inter_node]`` (``bandwidth_gbps``,
 ``latency_us``, optional ``name``) and an optional ``[supernode]`` (the same plus
-``nodes``, the nodes per supernode). Every problem is one SpecError naming the field.
+``nodes``, the nodes per supernode). Every problem is one SpecError naming the field (a
+Hugging Face folder's, a ConfigError naming its ``config.json`` and the key).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from typing import Any
 from legato.errors import SpecError
 from legato.specs.cluster import ClusterSpec, LinkLevel
 from legato.specs.device import DeviceSpec, Link
+from legato.specs.hf_config import is_hf_folder, read_spec
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict, read_table_file, tomllib
 
@@ -143,7 +145,10 @@ def list_clusters() -> list[str]:
 
 
 def load_model(source: Source) -> ModelSpec:
-    """A ModelSpec from a preset name, a ``.toml``/``.json`` file or a parsed dict."""
+    """A ModelSpec from a preset name, a ``.toml``/``.json`` file, a Hugging Face model
+    folder (its ``config.json``, ``hf_config``) or a parsed dict."""
+    if not isinstance(source, dict) and is_hf_folder(source):
+        return read_spec(source)
     table, origin = _resolve(source, "model", _model_presets())
     with _errors_from(origin):
         return from_dict(ModelSpec, table, "model", SpecError)

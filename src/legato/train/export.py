@@ -2,7 +2,7 @@
 
 The folder holds what ``AutoModelForCausalLM.from_pretrained`` and
 ``AutoTokenizer.from_pretrained`` read: ``config.json`` (the HF architecture computing the
-spec, ``models.hf_config``), the weights as safetensors under HF names
+spec, ``specs.hf_config``), the weights as safetensors under HF names
 (``models.hf_checkpoint``), ``generation_config.json``, and ``tokenizer.json`` with a
 ``tokenizer_config.json`` for ``PreTrainedTokenizerFast``. It is written into a temp folder
 beside the target and renamed at the end, so an interrupted export leaves no half folder
@@ -22,7 +22,7 @@ from legato.data import Tokenizer
 from legato.errors import ConfigError
 from legato.models import Transformer
 from legato.models.hf_checkpoint import save_safetensors
-from legato.models.hf_config import hf_architecture
+from legato.specs.hf_config import hf_architecture
 from legato.train.trained_model import TrainedModel
 
 
