@@ -5,6 +5,9 @@ The public API (stable; the trainer codes against these names)::
     ByteTokenizer()                                   # vocab 258: bytes, eos=256, pad=257
     load_tokenizer(spec, *, train_files=None, vocab_size=None, cache_dir=None,
                    text_field="text") -> Tokenizer    # spec: "byte" | "bpe" | path to tokenizer.json
+                                                      # | HF model folder (-> FolderTokenizer)
+    FolderTokenizer: .bos_id; .apply_chat_template(messages, add_generation_prompt=True) -> str;
+        .chat_tokens(messages) -> (ids, assistant_mask)
     read_documents(paths, *, text_field="text") -> Iterator[str]
     prepare_tokens(paths, tokenizer, *, text_field="text", cache_dir=None,
                    progress=None) -> np.ndarray       # uint16 / uint32, eos after each document

@@ -1,7 +1,8 @@
 """Tokenizers: raw UTF-8 bytes, or a byte-level BPE trained locally with Hugging Face ``tokenizers``.
 
 Both need no download: the byte tokenizer is fixed, and the BPE one is trained on the
-run's own corpus (or loaded from a ``tokenizer.json`` the user supplies). Every tokenizer
+run's own corpus (or loaded from a ``tokenizer.json`` the user supplies; a Hugging Face
+model folder's tokenizer, with its chat template, is ``folder_tokenizer``). Every tokenizer
 has a ``name`` that identifies its vocabulary, so token caches can be keyed by it.
 """
 
@@ -21,6 +22,8 @@ from legato.errors import DataError
 if TYPE_CHECKING:
     from tokenizers import Tokenizer as HfTokenizer
 
+    from legato.data.chat_template import ChatTemplate
+
 EOS_TOKEN = "<|endoftext|>"
 BYTE_PAD_TOKEN = "<|pad|>"
 # End-of-text spellings of common published tokenizer.json files, tried in order.
@@ -38,8 +41,16 @@ class Tokenizer(Protocol):
     pad_id: int
     eos_token: str
     pad_token: str
+    chat_template: ChatTemplate | None  # a model folder's; None for byte, BPE, a bare file
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str) -> list[int]:
+        """``text`` as a whole sequence: with the special tokens (a BOS) its tokenizer puts
+        around one, as transformers' ``encode`` does; byte and BPE put none."""
+        ...
+
+    def encode_plain(self, text: str) -> list[int]:
+        """``text``'s own tokens, no special tokens around them (a continuation)."""
+        ...
 
     def decode(self, ids: Iterable[int]) -> str: ...
 
@@ -53,9 +64,13 @@ class ByteTokenizer:
     pad_id = 257
     eos_token = EOS_TOKEN
     pad_token = BYTE_PAD_TOKEN
+    chat_template = None
 
     def encode(self, text: str) -> list[int]:
         return list(text.encode("utf-8"))
+
+    def encode_plain(self, text: str) -> list[int]:
+        return self.encode(text)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         return [list(t.encode("utf-8")) for t in texts]
@@ -89,6 +104,21 @@ class ByteTokenizer:
         return "ByteTokenizer()"
 
 
+def read_tokenizer_json(path: str | Path, where: str = "data.tokenizer") -> HfTokenizer:
+    """A ``tokenizer.json``'s ``tokenizers`` model; a missing or unreadable file is a
+    one-line DataError naming ``where``, the field or flag that gave the path."""
+    from tokenizers import Tokenizer as HfTokenizer
+
+    path = Path(path)
+    if not path.is_file():
+        raise DataError(f"{where}: file not found: {path}")
+    try:
+        return HfTokenizer.from_file(str(path))
+    except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise DataError(f"{where}: {path} is not a valid tokenizer.json ({reason})") from None
+
+
 def _gpt2_byte_symbols() -> list[str]:
     """GPT-2's printable stand-in for each byte (what the ByteLevel pre-tokenizer emits)."""
     printable = [*range(33, 127), *range(161, 173), *range(174, 256)]
@@ -102,41 +132,48 @@ def _gpt2_byte_symbols() -> list[str]:
 
 
 class BpeTokenizer:
-    """A Hugging Face ``tokenizers`` model; end-of-text doubles as padding."""
+    """A Hugging Face ``tokenizers`` model; end-of-text doubles as padding.
+
+    A bare ``tokenizer.json`` encodes a text to its own tokens only, whatever its
+    post-processor would add (``add_special_tokens``), as legato has always read one.
+    """
+
+    kind = "bpe"  # the prefix of ``name``
+    add_special_tokens = False
+    chat_template = None
 
     def __init__(
-        self, backend: HfTokenizer, source: str = "<memory>", where: str = "data.tokenizer"
+        self,
+        backend: HfTokenizer,
+        source: str = "<memory>",
+        where: str = "data.tokenizer",
+        eos_token: str | None = None,
     ) -> None:
+        """``eos_token``: the end-of-text token its folder names; else the first of the
+        usual spellings the vocabulary has."""
         self._tok = backend
         self.source = source
-        eos = next((t for t in _EOS_CANDIDATES if backend.token_to_id(t) is not None), None)
+        eos = eos_token or next(
+            (t for t in _EOS_CANDIDATES if backend.token_to_id(t) is not None), None
+        )
         if eos is None:
             raise DataError(
                 f"{where}: {source} has no end-of-text token (looked for {', '.join(_EOS_CANDIDATES)})"
             )
+        if backend.token_to_id(eos) is None:
+            raise DataError(f"{where}: {source}: the eos_token {eos!r} is not in the vocabulary")
         self.eos_token = eos
         self.eos_id = int(backend.token_to_id(eos))
         self.pad_id = self.eos_id
         self.pad_token = eos
         self.vocab_size = int(backend.get_vocab_size(with_added_tokens=True))
         digest = hashlib.blake2b(backend.to_str().encode("utf-8"), digest_size=6).hexdigest()
-        self.name = f"bpe-{self.vocab_size}-{digest}"
+        self.name = f"{self.kind}-{self.vocab_size}-{digest}"
 
     @classmethod
     def load(cls, path: str | Path, where: str = "data.tokenizer") -> BpeTokenizer:
-        """Load a ``tokenizer.json``; a missing or unreadable file is a one-line DataError
-        naming ``where``, the field or flag that gave the path."""
-        from tokenizers import Tokenizer as HfTokenizer
-
-        path = Path(path)
-        if not path.is_file():
-            raise DataError(f"{where}: file not found: {path}")
-        try:
-            backend = HfTokenizer.from_file(str(path))
-        except Exception as exc:  # tokenizers raises a bare Exception on bad JSON
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise DataError(f"{where}: {path} is not a valid tokenizer.json ({reason})") from None
-        return cls(backend, source=str(path), where=where)
+        """Load a ``tokenizer.json`` (see ``read_tokenizer_json``)."""
+        return cls(read_tokenizer_json(path, where), source=str(path), where=where)
 
     def save(self, path: str | Path) -> Path:
         """Write ``tokenizer.json`` atomically."""
@@ -144,10 +181,14 @@ class BpeTokenizer:
         return write_text_atomic(path, text)
 
     def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=self.add_special_tokens).ids
+
+    def encode_plain(self, text: str) -> list[int]:
         return self._tok.encode(text, add_special_tokens=False).ids
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
-        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=False)]
+        added = self.add_special_tokens
+        return [e.ids for e in self._tok.encode_batch(list(texts), add_special_tokens=added)]
 
     def decode(self, ids: Iterable[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=True)
@@ -201,7 +242,10 @@ def load_tokenizer(
     trains: bool = True,
 ) -> ByteTokenizer | BpeTokenizer:
     """Resolve ``data.tokenizer`` (or the field or flag ``where`` names in errors):
-    ``"byte"``, ``"bpe"`` or a path to a ``tokenizer.json`` (or a folder holding one).
+    ``"byte"``, ``"bpe"``, a path to a ``tokenizer.json``, or a folder: a Hugging Face model
+    folder (one with ``tokenizer_config.json`` or ``chat_template.jinja``) gives its
+    tokenizer with special tokens and chat template (``folder_tokenizer``), any other
+    folder the ``tokenizer.json`` in it.
 
     ``"bpe"`` trains on ``train_files`` with ``vocab_size`` and caches the result in
     ``cache_dir`` as ``tokenizer-<key>.json``, keyed by the files (paths, sizes, mtimes),
@@ -216,6 +260,10 @@ def load_tokenizer(
         return _cached_bpe(train_files, vocab_size, cache_dir, text_field)
     path = Path(spec_str).expanduser()
     if path.is_dir():
+        from legato.data.folder_tokenizer import FolderTokenizer, is_model_folder
+
+        if is_model_folder(path):
+            return FolderTokenizer.load(path, where)
         path = path / "tokenizer.json"
     if not path.is_file():
         allowed = "'byte', 'bpe'" if trains else "'byte'"

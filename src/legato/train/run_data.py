@@ -24,7 +24,6 @@ from legato.data import (
     prepare_tokens,
     split_tokens,
 )
-from legato.data.tokenizer import BpeTokenizer
 from legato.errors import ConfigError, DataError
 from legato.train.config import DataSection
 
@@ -63,7 +62,7 @@ def run_tokenizer(run_dir: Path | None, data: DataSection) -> Tokenizer:
         return ByteTokenizer()
     saved = run_dir / TOKENIZER_FILE if run_dir is not None else None
     if saved is not None and saved.is_file():
-        return BpeTokenizer.load(saved)
+        return load_tokenizer(run_dir)  # a model folder's tokenizer saved its config beside it
     return resolve_tokenizer(data)
 
 
