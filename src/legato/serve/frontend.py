@@ -101,8 +101,7 @@ class Frontend:
         """Queue ``body`` (a ``CompletionRequest`` or ``ChatRequest``) for the adapter its
         ``model`` names, or for the engine's ``adapter`` if given; call from the event loop
         that will await the answer. Raises ``RequestError`` for a refused body."""
-        encode = self.engine.tokenizer.encode
-        prompt = encode(body.prompt_text()) if chat else body.prompt_ids(encode)
+        prompt = body.prompt_ids(self.engine.tokenizer)
         adapter = adapter or self.adapter_of(body.model)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue = asyncio.Queue()

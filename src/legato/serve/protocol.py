@@ -8,10 +8,12 @@ range is a 400 with OpenAI's error object naming it (``error_body``), never a 42
 from __future__ import annotations
 
 import time
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
+from legato.data.tokenizer import Tokenizer
+from legato.errors import DataError
 from legato.serve.sampling import RequestError, SamplingParams
 
 
@@ -59,7 +61,9 @@ class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int]
     max_tokens: int | None = 16
 
-    def prompt_ids(self, encode) -> list[int]:
+    def prompt_ids(self, tokenizer: Tokenizer) -> list[int]:
+        """The ids sent, or the text encoded as a whole (with the BOS its tokenizer adds, as
+        vLLM encodes a completion prompt)."""
         prompt = self.prompt
         if isinstance(prompt, list) and prompt and all(isinstance(t, int) for t in prompt):
             return list(prompt)
@@ -67,11 +71,13 @@ class CompletionRequest(_Sampling):
             if len(prompt) != 1:
                 raise RequestError("prompt: one prompt per request (a list of one)", 400, "prompt")
             prompt = prompt[0]
-        return encode(prompt)
+        return tokenizer.encode(prompt)
 
 
 class ChatMessage(BaseModel):
-    role: Literal["system", "user", "assistant"]
+    model_config = ConfigDict(extra="allow")  # e.g. tool_calls: what the template reads
+
+    role: str = Field(min_length=1)  # which roles a chat template takes is the template's say
     content: str
 
 
@@ -83,11 +89,21 @@ class ChatRequest(_Sampling):
     def length_field(self) -> str:
         return "max_tokens" if self.max_completion_tokens is None else "max_completion_tokens"
 
-    def prompt_text(self) -> str:
-        """Our chat template (the byte-level models have none of their own): one line per
+    def prompt_ids(self, tokenizer: Tokenizer) -> list[int]:
+        """The messages rendered by the tokenizer's chat template with the generation prompt
+        and encoded with nothing added (the template writes its own BOS), as vLLM does; a
+        template that refuses them is a 400 naming ``messages``. Only a tokenizer without a
+        template (the byte and BPE demo tokenizers) gets our plain format: one line per
         message, ``role: content``, then ``assistant:`` for the answer."""
-        lines = [f"{m.role}: {m.content}" for m in self.messages]
-        return "\n".join([*lines, "assistant:"])
+        template = tokenizer.chat_template
+        if template is None:
+            lines = [f"{m.role}: {m.content}" for m in self.messages]
+            return tokenizer.encode("\n".join([*lines, "assistant:"]))
+        messages = [m.model_dump() for m in self.messages]
+        try:
+            return tokenizer.encode_plain(template.render(messages, add_generation_prompt=True))
+        except DataError as exc:
+            raise RequestError(f"messages: {exc}", 400, "messages") from None
 
 
 class LoadLora(BaseModel):
