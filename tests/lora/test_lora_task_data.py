@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from legato.data import ByteTokenizer
+from chat_folders import CHATS, llama3_folder
+from legato.data import ByteTokenizer, load_tokenizer
 from legato.errors import DataError
 from legato.lora.task_data import IGNORE, TaskSampler, TaskStream, read_task_stream
 
@@ -31,7 +32,7 @@ def test_prompt_tokens_are_not_trained_on_and_each_example_ends_with_eos(tmp_pat
     ("line", "message"),
     [
         ("{not json", "not valid JSON"),
-        ('{"prompt": "a"}', "expected 'prompt' and 'response', or 'text'"),
+        ('{"prompt": "a"}', "expected 'prompt' and 'response', 'text', or 'messages'"),
         ('{"text": 3}', "must be strings"),
     ],
 )
@@ -79,3 +80,35 @@ def test_stream_shorter_than_one_sequence_is_an_error():
     stream = TaskStream(np.arange(5), np.ones(5, dtype=bool), np.zeros(5, dtype=np.int64))
     with pytest.raises(DataError, match="fewer than one sequence"):
         TaskSampler(stream, seq_len=8, seed=0)
+
+
+def test_chat_rows_train_only_on_the_assistant_turns(tmp_path):
+    tok = load_tokenizer(llama3_folder(tmp_path / "llama3"))
+    chat = CHATS[2]
+    path = _write(tmp_path / "chat.jsonl", [{"messages": chat}, {"prompt": "Hi", "response": "ok"}])
+    stream = read_task_stream(path, tok)
+    ids, mask = tok.chat_tokens(chat)
+    n = len(ids)
+    assert stream.tokens[:n].tolist() == ids and stream.targets[:n].tolist() == mask
+    assert ids[0] == tok.bos_id and ids[-1] == tok.eos_id and mask[-1]  # <|eot_id|>, trained
+    assert set(stream.docs[:n].tolist()) == {0} and set(stream.docs[n:].tolist()) == {1}
+    # prompt and response: BOS once, before the prompt; the response is its continuation
+    head, tail = tok.encode("Hi"), [*tok.encode_plain("ok"), tok.eos_id]
+    assert stream.tokens[n:].tolist() == head + tail
+    assert stream.targets[n:].tolist() == [False] * len(head) + [True] * len(tail)
+
+
+@pytest.mark.parametrize(
+    ("messages", "byte", "message"),
+    [
+        (CHATS[0], True, "needs a tokenizer with a chat template"),
+        ([], False, "must be a non-empty list of objects with a 'role'"),
+        (CHATS[0], False, "has no assistant turn to train on"),
+        ([{"role": "tool", "content": "x"}], False, "messages: the chat template refused"),
+    ],
+)
+def test_bad_chat_rows_name_file_and_line(tmp_path, messages, byte, message):
+    tok = ByteTokenizer() if byte else load_tokenizer(llama3_folder(tmp_path / "llama3"))
+    path = _write(tmp_path / "bad.jsonl", [{"text": "fine"}, {"messages": messages}])
+    with pytest.raises(DataError, match=f"bad.jsonl:2: .*{message}"):
+        read_task_stream(path, tok)

@@ -1,13 +1,16 @@
 """One task's training data: JSONL examples packed into fixed-length sequences, no padding.
 
 Each example is ``prompt + response + end-of-text`` (only the response and the end-of-text
-are trained on) or ``text + end-of-text`` (all trained on). Examples are laid end to end in
-one stream; a task's sequences are windows of that stream (``PackedDataset`` draws them,
-shuffled per epoch), so every sequence holds exactly ``seq_len`` real tokens and tasks of
-different lengths need no padding to be fused. Inside a window, attention and position
-ids restart at each example boundary, and a label is kept only if it belongs to the same
-example as its input, so packed neighbours never leak into each other. An example longer
-than a window is chunked: its continuation starts the next window at position 0.
+are trained on), ``text + end-of-text`` (all trained on), or a chat: ``messages`` (a list of
+``{"role", "content"}``) rendered by the tokenizer's chat template, of which only the
+assistant turns are trained on, each answer with the end-of-turn marker the template
+writes after it (TRL's ``assistant_only_loss``; no end-of-text is added). Examples are laid
+end to end in one stream; a task's sequences are windows of that stream (``PackedDataset``
+draws them, shuffled per epoch), so every sequence holds exactly ``seq_len`` real tokens
+and tasks of different lengths need no padding to be fused. Inside a window, attention and
+position ids restart at each example boundary, and a label is kept only if it belongs to
+the same example as its input, so packed neighbours never leak into each other. An example
+longer than a window is chunked: its continuation starts the next window at position 0.
 """
 
 from __future__ import annotations
@@ -68,6 +71,38 @@ class Sequences:
         )
 
 
+def _chat(messages: object, tokenizer: Tokenizer, where: str) -> tuple[list[int], list[bool]]:
+    """A chat example's tokens and which are trained on (its assistant turns)."""
+    if tokenizer.chat_template is None:
+        raise DataError(f"{where}: 'messages' needs a tokenizer with a chat template (a model "
+                        "folder's), not the byte or BPE one")  # fmt: skip
+    if (
+        not isinstance(messages, list)
+        or not messages
+        or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
+    ):
+        raise DataError(f"{where}: 'messages' must be a non-empty list of objects with a 'role'")
+    try:
+        tokens, targets = tokenizer.chat_tokens(messages)
+    except DataError as exc:
+        raise DataError(f"{where}: messages: {exc}") from None
+    if not any(targets):
+        raise DataError(f"{where}: 'messages' has no assistant turn to train on")
+    return tokens, targets
+
+
+def _tokens(record: object, tokenizer: Tokenizer, where: str) -> tuple[list[int], list[bool]]:
+    """One record's tokens and which are trained on; the prompt is encoded as a whole (with
+    the BOS its tokenizer adds), the response as its continuation."""
+    if isinstance(record, dict) and "messages" in record:
+        return _chat(record["messages"], tokenizer, where)
+    prompt, completion = _example(record, where)
+    head = tokenizer.encode(prompt) if prompt else []
+    tail = tokenizer.encode_plain(completion) if prompt else tokenizer.encode(completion)
+    tail = [*tail, tokenizer.eos_id]
+    return head + tail, [False] * len(head) + [True] * len(tail)
+
+
 def _example(record: object, where: str) -> tuple[str, str]:
     """(prompt, completion) of one JSONL record; a plain text has an empty prompt."""
     if isinstance(record, dict) and "prompt" in record and "response" in record:
@@ -75,7 +110,7 @@ def _example(record: object, where: str) -> tuple[str, str]:
     elif isinstance(record, dict) and "text" in record:
         prompt, response = "", record["text"]
     else:
-        raise DataError(f"{where}: expected 'prompt' and 'response', or 'text'")
+        raise DataError(f"{where}: expected 'prompt' and 'response', 'text', or 'messages'")
     if not isinstance(prompt, str) or not isinstance(response, str):
         raise DataError(f"{where}: 'prompt', 'response' and 'text' must be strings")
     return prompt, response
@@ -90,13 +125,10 @@ def read_task_stream(path: str | Path, tokenizer: Tokenizer) -> TaskStream:
     targets: list[bool] = []
     docs: list[int] = []
     for lineno, record in iter_jsonl(path):
-        prompt, completion = _example(record, f"{path}:{lineno}")
-        head = tokenizer.encode(prompt) if prompt else []
-        tail = [*tokenizer.encode(completion), tokenizer.eos_id]
-        doc = docs[-1] + 1 if docs else 0
-        tokens += head + tail
-        targets += [False] * len(head) + [True] * len(tail)
-        docs += [doc] * (len(head) + len(tail))
+        ids, trained = _tokens(record, tokenizer, f"{path}:{lineno}")
+        tokens += ids
+        targets += trained
+        docs += [docs[-1] + 1 if docs else 0] * len(ids)
     if not tokens:
         raise DataError(f"{path}: no examples")
     return TaskStream(
