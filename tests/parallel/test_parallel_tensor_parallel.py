@@ -62,8 +62,8 @@ def reference():
     block = model.model.layers[0]
     x = torch.randn(B, S, SPEC.hidden_size, generator=torch.Generator().manual_seed(1))
     x.requires_grad_()
-    rope = ForwardContext(model.model.rotary_emb(torch.arange(S).expand(B, S)), SdpaAttention())
-    out = block(x, rope)
+    rope = model.model.rotary_emb(torch.arange(S).expand(B, S))
+    out = block(x, ForwardContext(rope, SdpaAttention()))
     out.backward(torch.ones_like(out))
     grads = {n: p.grad.clone() for n, p in block.named_parameters()}
     block.zero_grad()
@@ -101,7 +101,7 @@ def _gloo_worker(rank: int) -> None:
             inp = distribute_tensor(x, mesh, [torch.distributed.tensor.Shard(1)],
                                     src_data_rank=None).requires_grad_()  # fmt: skip
         with CollectiveRecorder(mesh) as rec:
-            out = block(inp, rope)
+            out = block(inp, ForwardContext(rope, SdpaAttention()))
             ones = torch.ones(B, S, SPEC.hidden_size)
             grad = distribute_tensor(ones, mesh, out.placements, src_data_rank=None) if sp else ones
             out.backward(grad)
