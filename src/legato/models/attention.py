@@ -19,10 +19,12 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
+from legato.errors import ConfigError
 from legato.models.forward_context import ForwardContext
 from legato.models.norms import build_norm
 from legato.models.rope import apply_rope
@@ -44,19 +46,47 @@ def attention_override(fn: AttendFn) -> Iterator[None]:
 
 
 def attend(
-    q: Tensor, k: Tensor, v: Tensor, attn_mask: Tensor | None, *, recompute: bool = False
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None,
+    *,
+    recompute: bool = False,
+    window: int | None = None,
 ) -> Tensor:
     """SDPA over q [B, H, S, D] and k/v [B, Hkv, S, D]; K/V heads are shared by groups.
 
     ``recompute``: keep only q, k, v for the backward and run the core again there
     (selective recompute, ``parallel.recompute``); the override in force then is used.
+    ``window``: a query sees at most that many positions, its own included (Mistral's
+    sliding window, as HF masks it), on top of ``attn_mask``.
     """
     if recompute:
-        return checkpoint(attend, q, k, v, attn_mask, use_reentrant=False)
+        return checkpoint(attend, q, k, v, attn_mask, window=window, use_reentrant=False)
     override = _OVERRIDE.get()
     if override is not None:
+        if window is not None:
+            raise ConfigError(
+                f"model.sliding_window ({window}): context parallelism and sequence slices "
+                "run full causal attention; train this model with cp = 1 and no slices"
+            )
         return override(q, k, v, attn_mask)
+    if window is not None and window < q.shape[-2]:
+        attn_mask = windowed(attn_mask, window, q.shape[-2], q.device)
     return grouped_sdpa(q, k, v, attn_mask, is_causal=attn_mask is None)
+
+
+def windowed(mask: Tensor | None, window: int, length: int, device: torch.device) -> Tensor:
+    """``mask`` (None = causal) restricted to the last ``window`` positions up to each
+    query of a ``length``-token sequence, as a boolean or additive mask like ``mask``."""
+    query = torch.arange(length, device=device)[:, None]
+    key = torch.arange(length, device=device)[None, :]
+    band = (key <= query) & (query - key < window)
+    if mask is None:
+        return band
+    if mask.dtype == torch.bool:
+        return mask & band
+    return mask.masked_fill(~band, float("-inf"))
 
 
 def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: object, is_causal: bool) -> Tensor:
@@ -74,7 +104,9 @@ class SdpaAttention:
     mask: Tensor | None = None
 
     def __call__(self, module: nn.Module, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return attend(q, k, v, self.mask, recompute=module.recompute_core)
+        return attend(
+            q, k, v, self.mask, recompute=module.recompute_core, window=module.sliding_window
+        )
 
 
 class Attention(nn.Module):
@@ -83,14 +115,16 @@ class Attention(nn.Module):
     def __init__(self, spec: ModelSpec, layer_index: int = 0) -> None:
         super().__init__()
         self.layer_index = layer_index
+        self.sliding_window = spec.sliding_window
         self.num_heads = spec.num_heads
         self.num_kv_heads = spec.num_kv_heads
         self.head_dim = spec.head_dim
         self.recompute_core = False  # set by parallel.recompute (selective)
         h, d = spec.hidden_size, spec.head_dim
-        self.q_proj = nn.Linear(h, spec.num_heads * d, bias=spec.bias)
-        self.k_proj = nn.Linear(h, spec.num_kv_heads * d, bias=spec.bias)
-        self.v_proj = nn.Linear(h, spec.num_kv_heads * d, bias=spec.bias)
+        qkv_bias = spec.bias or spec.qkv_bias
+        self.q_proj = nn.Linear(h, spec.num_heads * d, bias=qkv_bias)
+        self.k_proj = nn.Linear(h, spec.num_kv_heads * d, bias=qkv_bias)
+        self.v_proj = nn.Linear(h, spec.num_kv_heads * d, bias=qkv_bias)
         self.o_proj = nn.Linear(spec.num_heads * d, h, bias=spec.bias)
         if spec.qk_norm:
             self.q_norm = build_norm(spec.norm, d, spec.norm_eps)

@@ -26,6 +26,7 @@ class MLAttention(nn.Module):
         assert mla is not None
         h, heads, bias = spec.hidden_size, spec.num_heads, spec.bias
         self.layer_index = layer_index
+        self.sliding_window = spec.sliding_window
         self.num_heads = heads
         self.recompute_core = False  # set by parallel.recompute (selective)
         self.nope_dim = mla.qk_nope_head_dim

@@ -71,7 +71,9 @@ class Decoder(nn.Module):
         else:
             self.embed_positions = None
             rotary_dim = spec.mla.qk_rope_head_dim if spec.mla is not None else spec.head_dim
-            self.rotary_emb = RotaryEmbedding(rotary_dim, spec.seq_len, spec.rope_theta)
+            self.rotary_emb = RotaryEmbedding(
+                rotary_dim, spec.seq_len, spec.rope_theta, spec.rope_scaling
+            )
         self.layers = nn.ModuleList(Block(spec, i) for i in range(spec.num_layers))
         self.norm = build_norm(spec.norm, spec.hidden_size, spec.norm_eps)
 

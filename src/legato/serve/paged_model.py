@@ -136,8 +136,11 @@ class _PagedAttention:
             self.cache.write(module.layer_index, part, ks.transpose(0, 1), vs.transpose(0, 1))
             length = part.start + len(part.tokens)
             keys, values = self.cache.read(module.layer_index, part.blocks, length)
-            query_pos = torch.arange(part.start, length, device=q.device)[:, None]
-            mask = torch.arange(length, device=q.device)[None, :] <= query_pos
+            query = torch.arange(part.start, length, device=q.device)[:, None]
+            key = torch.arange(length, device=q.device)[None, :]
+            mask = key <= query
+            if module.sliding_window is not None:
+                mask &= query - key < module.sliding_window
             out = grouped_sdpa(
                 qs[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask,
                 is_causal=False,
