@@ -35,8 +35,8 @@ class BaseSection:
 
     preset: str = ""  # empty = "tiny" (or the run's model when weights is a legato run)
     overrides: dict[str, Any] = field(default_factory=dict)
-    # HF-named .safetensors file or folder, or a legato run directory or checkpoint;
-    # empty = random init (demos)
+    # a Hugging Face model folder (config.json + safetensors), HF-named .safetensors file or
+    # folder, or a legato run directory or checkpoint; empty = random init (demos)
     weights: str = ""
 
     def spec(self) -> ModelSpec:

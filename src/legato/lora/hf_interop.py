@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 from legato.errors import ConfigError
 from legato.models.hf_checkpoint import to_hf_state_dict
-from legato.specs.hf_config import hf_architecture
 from legato.models.transformer import Transformer
+from legato.specs.hf_config import hf_architecture
 from legato.specs.model import ModelSpec
 
 if TYPE_CHECKING:

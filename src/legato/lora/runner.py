@@ -37,7 +37,10 @@ from legato.lora.task_data import TaskStream, read_task_stream
 from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
 from legato.models import build_model, load_safetensors
 from legato.models.hf_checkpoint import INDEX_FILE, SINGLE_FILE
+from legato.models.hf_folder import is_hf_folder, load_weights
 from legato.parallel.process_group import process_group
+from legato.train.config import ModelSection, resolve_model
+from legato.train.folder_tokenizer import folder_tokenizer
 from legato.train.trained_model import is_legato_run, load_trained
 
 _PROFILE_POINTS = 6
@@ -45,7 +48,8 @@ _PROFILE_POINTS = 6
 
 def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraModel, Tokenizer]:
     """The frozen model and the tokenizer of ``[base]``: a legato run's checkpoint (its
-    spec, weights and tokenizer), HF-named safetensors, or random weights."""
+    spec, weights and tokenizer), a Hugging Face model folder (spec, weights and, unless
+    run.tokenizer, tokenizer), HF-named safetensors, or random weights."""
     dtype = torch.bfloat16 if config.run.dtype == "bf16" else torch.float32
     weights = Path(config.base.weights).expanduser() if config.base.weights else None
     if weights is not None and weights.is_dir() and is_legato_run(weights):
@@ -62,6 +66,20 @@ def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraMo
                 )
         trained = load_trained(weights, "base.weights", device=device, dtype=dtype)
         return MultiLoraModel(trained.model), trained.tokenizer
+    if weights is not None and is_hf_folder(weights):
+        if config.base.preset:
+            raise ConfigError(
+                f"base.preset: must be left empty when base.weights is a Hugging Face folder "
+                f"({weights}); the model comes from its config.json"
+            )
+        spec = resolve_model(ModelSection(str(weights), config.base.overrides))
+        model = build_model(spec, seed=config.run.seed, device=device, dtype=dtype)
+        try:
+            load_weights(model, weights)
+        except CheckpointError as exc:
+            raise CheckpointError(f"base.weights: {exc}") from None
+        tokenizer = folder_tokenizer(weights, config.run.tokenizer, "run.tokenizer")
+        return MultiLoraModel(model), tokenizer
     tokenizer = load_tokenizer(config.run.tokenizer or "byte", where="run.tokenizer", trains=False)
     model = build_model(config.base.spec(), seed=config.run.seed, device=device, dtype=dtype)
     if weights is not None:

@@ -1,7 +1,8 @@
 """What a server serves: a base model and its LoRA adapters, from wherever they were made.
 
 A model is a ``legato train`` run directory (or one of its checkpoints: spec, weights and
-tokenizer come from it), or a preset name or ModelSpec TOML with random weights, or either
+tokenizer come from it), a Hugging Face model folder (spec from ``config.json``, weights from
+its safetensors, tokenizer from ``tokenizer.json`` unless ``--tokenizer``), or a preset name or ModelSpec TOML with random weights, or either
 with Hugging Face-named safetensors (``--weights``). Adapters are PEFT folders — what ``legato
 finetune`` writes and what HF PEFT's ``save_pretrained`` writes — or folders of them; with
 none given, ``generated_adapters`` makes a few random ones so ``legato serve`` runs on a
@@ -16,12 +17,14 @@ from pathlib import Path
 import torch
 
 from legato.data.tokenizer import Tokenizer, load_tokenizer
-from legato.errors import CheckpointError, SpecError
+from legato.errors import CheckpointError, LegatoError, SpecError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.lora.peft_io import CONFIG_FILE, load_adapter
 from legato.models import Transformer, build_model
 from legato.models.hf_checkpoint import load_safetensors
+from legato.models.hf_folder import is_hf_folder, load_weights, read_spec
 from legato.specs.registry import load_model
+from legato.train.folder_tokenizer import folder_tokenizer
 from legato.train.trained_model import is_legato_run, load_trained
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
@@ -39,10 +42,24 @@ def load_served_model(
             )
         trained = load_trained(path, "--model")
         return trained.model, trained.tokenizer, path.name
+    if path.is_dir() and is_hf_folder(path):
+        if weights:
+            raise CheckpointError(
+                f"--weights: must be left out when --model is a Hugging Face folder ({path}); "
+                "the weights come from its safetensors"
+            )
+        served = folder_tokenizer(path, tokenizer, "--tokenizer")
+        try:
+            built = build_model(read_spec(path), seed=seed, device="cpu")
+            load_weights(built, path)
+        except LegatoError as exc:
+            raise type(exc)(f"--model: {exc}") from None
+        return built.eval(), served, path.name
     if path.is_dir():
         raise CheckpointError(
-            f"--model: {path} is a folder but not a legato run (no checkpoints/latest); "
-            "--model takes a run directory with checkpoints, a preset name or a ModelSpec TOML"
+            f"--model: {path} is a folder but neither a legato run (no checkpoints/latest) "
+            "nor a Hugging Face model folder (no config.json); --model takes either, a "
+            "preset name or a ModelSpec TOML"
         )
     served = load_tokenizer(tokenizer or "byte", where="--tokenizer", trains=False)
     try:
@@ -60,9 +77,9 @@ def load_served_model(
 
 def random_weights(model: str, weights: str | None = None) -> bool:
     """Whether ``load_served_model(model, weights)`` draws the weights at random (a preset
-    without ``--weights``, not a run directory)."""
+    without ``--weights``, not a run directory or a Hugging Face folder)."""
     path = Path(model).expanduser()
-    return not weights and not (path.is_dir() and is_legato_run(path))
+    return not weights and not (path.is_dir() and (is_legato_run(path) or is_hf_folder(path)))
 
 
 def adapter_folders(paths: list[str], flag: str = "--adapters") -> dict[str, Path]:

@@ -147,7 +147,7 @@ def _moe(config: dict[str, Any], arch: str, layers: int) -> MoESpec:
     if not sparse:
         raise _refuse("mlp_only_layers", sorted(dense), "at least one MoE layer")
     first = sparse[0]
-    freq = sparse[1] - first if len(sparse) > 1 else layers
+    freq = sparse[1] - first if len(sparse) > 1 else 1 if first == layers - 1 else layers
     if sparse != list(range(first, layers, freq)):
         raise _refuse(
             "mlp_only_layers/decoder_sparse_step",

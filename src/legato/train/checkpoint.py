@@ -45,7 +45,9 @@ from torch import nn
 from torch.distributed.checkpoint import CheckpointException, FileSystemReader
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
+    get_model_state_dict,
     get_state_dict,
+    set_model_state_dict,
     set_state_dict,
 )
 
@@ -53,6 +55,8 @@ import legato
 from legato.atomic import write_text_atomic
 from legato.errors import CheckpointError
 from legato.parallel.process_group import DistContext
+from legato.specs.model import ModelSpec
+from legato.specs.typed import from_dict, to_dict
 from legato.train.rng import capture_rng, restore_rng
 
 FORMAT_VERSION = 3  # 2: optimizer state flattened to one key per parameter; 3: sha256
@@ -293,7 +297,10 @@ def first_difference(saved: Any, current: Any, where: str = "") -> str | None:
 
 
 def check_model_spec(meta: dict[str, Any], spec: dict[str, Any], path: Path) -> None:
-    diff = first_difference(meta["model_spec"], spec)
+    """The run's spec must be the checkpoint's; fields added to ModelSpec since it was
+    saved count as their defaults."""
+    saved = to_dict(from_dict(ModelSpec, meta["model_spec"], "model_spec", CheckpointError))
+    diff = first_difference(saved, spec)
     if diff:
         raise CheckpointError(f"{path}: model differs from the checkpoint's at {diff}")
 
@@ -343,17 +350,28 @@ def load_checkpoint(
         restore_rng(json.loads(rng_file.read_text(encoding="utf-8")), ctx.device)
 
 
-def load_model_weights(path: Path, model: nn.Module) -> None:
-    """The model's entries of checkpoint ``path`` into a plain (unwrapped) ``model``, on
-    one process without a process group, whatever layout saved it (the optimizer state
-    is not read)."""
-    state = {"model": model.state_dict()}
+def load_model_weights(
+    path: Path, model: nn.Module, *, only: Collection[str] | None = None
+) -> None:
+    """The model's entries of checkpoint ``path`` into ``model``, plain (one process
+    without a process group) or laid out (FSDP2, TP, ...: each rank reads its shards),
+    whatever layout saved it; the optimizer state is not read. ``only`` as in
+    ``load_checkpoint``."""
+    state = {"model": _state_of_model(model, only)}
     try:
         with _quiet_dcp():
             dcp.load(state, checkpoint_id=path)
     except (Exception, CheckpointException) as exc:
         raise CheckpointError(f"{path}: cannot be read ({_reason(exc)})") from None
-    model.load_state_dict(state["model"])
+    set_model_state_dict(model, state["model"], options=_options(only))
+
+
+def _state_of_model(model: nn.Module, only: Collection[str] | None) -> dict[str, Any]:
+    state = get_model_state_dict(model, options=_options(only))
+    if only is None:
+        return state
+    keep = set(only)
+    return {name: value for name, value in state.items() if name in keep}
 
 
 def _reason(exc: BaseException) -> str:

@@ -33,6 +33,9 @@ else:  # pragma: no cover - exercised on Python 3.10 only
     import tomli as tomllib
 
 
+DEFAULT_PRESET = "tiny"
+
+
 def _doc(default: Any, doc: str) -> Any:
     """A dataclass field with an immutable default and its one-line documentation."""
     return field(default=default, metadata={"doc": doc})
@@ -53,10 +56,20 @@ def _at_most(section: Any, name: str, bound: int, low: int = 1) -> None:
 class ModelSection:
     """What is trained."""
 
-    preset: str = _doc("tiny", "model preset name (see `legato models`) or a TOML/JSON file")
+    preset: str = _doc(
+        DEFAULT_PRESET,
+        "model preset name (see `legato models`), a TOML/JSON file or a Hugging Face model "
+        "folder (config.json); left at the default with model.init set: model.init's model",
+    )
     overrides: dict[str, Any] = field(
         default_factory=dict,
         metadata={"doc": "ModelSpec fields replacing the preset's, e.g. {num_layers = 2}"},
+    )
+
+    init: str = _doc(
+        "",
+        "weights to start from: a Hugging Face model folder or a legato run directory or "
+        "checkpoint, of the same model; empty = a seeded random initialisation",
     )
 
     def __post_init__(self) -> None:
@@ -441,17 +454,24 @@ def _deep_merge(base: dict[str, Any], update: dict[str, Any]) -> dict[str, Any]:
 
 
 def resolve_model(section: ModelSection) -> ModelSpec:
-    """The preset with ``model.overrides`` applied, validated as a ModelSpec."""
+    """The preset (or, with the default preset, ``model.init``'s model) with
+    ``model.overrides`` applied, validated as a ModelSpec, and checked to be the model
+    ``model.init`` holds."""
     from legato.specs.registry import load_model
+    from legato.train.model_init import check_init_spec, init_spec
 
-    spec = load_model(section.preset)
-    if not section.overrides:
-        return spec
-    merged = _deep_merge(to_dict(spec), section.overrides)
-    try:
-        return from_dict(ModelSpec, merged, "model.overrides", ConfigError)
-    except SpecError as exc:
-        raise ConfigError(f"model.overrides: {exc}") from None
+    init = init_spec(section.init) if section.init else None
+    from_init = init is not None and section.preset == DEFAULT_PRESET
+    spec = init if from_init else load_model(section.preset)
+    if section.overrides:
+        merged = _deep_merge(to_dict(spec), section.overrides)
+        try:
+            spec = from_dict(ModelSpec, merged, "model.overrides", ConfigError)
+        except SpecError as exc:
+            raise ConfigError(f"model.overrides: {exc}") from None
+    if init is not None:
+        check_init_spec(spec, init, section.init)
+    return spec
 
 
 def make_run_dir(run: RunSection, root: Path = Path("runs")) -> Path:

@@ -48,6 +48,7 @@ CHECKED_BY_CONTENT = frozenset({"model.preset", "model.overrides", "data.paths"}
 CHANGEABLE = frozenset(
     {
         "data.cache_dir",
+        "model.init",  # read by a run's first start only: resuming loads the checkpoint
         *(f"optim.{f.name}" for f in dataclasses.fields(OptimSection)),
         "train.steps",
         "train.micro_batch_size",

@@ -62,6 +62,7 @@ from legato.train.metrics import (
     read_metrics,
     summarize,
 )
+from legato.train.model_init import load_init
 from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
 from legato.train.prediction import NO_CLUSTER, Machine, compare, predict_job, resolve_machine
 from legato.train.progress import Progress
@@ -271,6 +272,8 @@ class Trainer:
             self.model = laid_out.module
             self.evaluated = laid_out
             self.swap = laid_out.swap
+        if cfg.model.init and self._start is None:  # laid out first: each rank reads its slices
+            load_init(cfg.model.init, self.model, self._owned)
         self.optimizer = build_optimizer(self.step.module, cfg.optim)
         self.scheduler = build_lr_schedule(self.optimizer, cfg.optim, cfg.train.steps)
         self.flops_per_token = training_flops_per_token(self.spec, seq_len=self.seq_len)
