@@ -149,3 +149,58 @@ def test_missing_and_misshaped_weights_name_the_first_key(tmp_path: Path) -> Non
     (folder / "model.safetensors").rename(tmp_path / "elsewhere")
     with pytest.raises(CheckpointError, match=r"has neither model\.safetensors"):
         load_weights(build_model(read_spec(folder)), folder)
+
+
+class _Counting:
+    """A safetensors slice that counts the elements read through it."""
+
+    read = 0
+
+    def __init__(self, inner) -> None:
+        self.inner = inner
+
+    def get_shape(self):
+        return self.inner.get_shape()
+
+    def __getitem__(self, index):
+        out = self.inner[index]
+        _Counting.read += out.numel()
+        return out
+
+
+def _sharded_load(rank: int, folder: Path) -> tuple[int, int, int]:
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from legato.models import hf_folder
+
+    mesh = init_device_mesh("cpu", (2,))
+    model = build_model(read_spec(folder), seed=rank)
+    for block in model.blocks:
+        fully_shard(block, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    plain = build_model(read_spec(folder), seed=5)
+    load_weights(plain, folder)
+    files_slice = hf_folder._Files.slice
+    hf_folder._Files.slice = lambda self, key: _Counting(files_slice(self, key))
+    load_weights(model, folder)
+    full = plain.state_dict()
+    local = 0
+    for name, param in model.state_dict().items():
+        shard = param.to_local()
+        rows = shard.shape[0]
+        start = rank * -(-full[name].shape[0] // 2)
+        assert torch.equal(shard, full[name][start : start + rows]), name
+        local += shard.numel()
+    return _Counting.read, local, sum(t.numel() for t in full.values())
+
+
+@pytest.mark.distributed
+def test_each_rank_reads_only_its_slices(tmp_path: Path) -> None:
+    from gloo_harness import run_ranks
+
+    save_hf_folder("mixtral", tmp_path / "mx")
+    results = run_ranks(_sharded_load, tmp_path / "mx")
+    for read, local, _ in results:
+        assert read == local  # FSDP2 Shard(0): this rank's rows, experts included
+    assert sum(local for _, local, _ in results) == results[0][2]
