@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from legato.data.tokenizer import ByteTokenizer
+from legato.errors import ConfigError
 from legato.lora.hf_interop import llama_config, to_hf_llama
 from legato.lora.packed_model import MultiLoraModel, TaskRows
 from legato.lora.peft_io import save_adapter
@@ -20,6 +21,7 @@ from legato.models import Block, build_model
 from legato.models.hf_checkpoint import save_safetensors
 from legato.serve.engine import Engine, EngineConfig
 from legato.serve.loading import generated_adapters
+from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
 from legato.serve.sampling import SamplingParams
 from legato.specs.registry import load_model
 
@@ -99,3 +101,25 @@ def test_a_change_in_the_block_reaches_training_fine_tuning_and_serving(
             "serving": _serving_matches(model, adapter, tokenizer, tokens),
         }
     assert found == dict.fromkeys(found, not plant)
+
+
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-deepseek", "tiny-gpt"])
+def test_every_family_runs_the_flat_paths_as_the_batch_path(preset):
+    """MoE, MLA + shared experts, learned positions + biases + LayerNorm: the fine-tuning
+    rows and (but MLA) the serving steps give the logits of the training forward."""
+    model = build_model(load_model(preset).with_(num_layers=2), seed=0).eval()
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    positions = torch.arange(12).expand_as(ids)
+    with torch.no_grad():
+        full = model(ids)
+        rows = TaskRows("t", None, Sequences(ids, ids, positions, None))
+        packed, _ = MultiLoraModel(model).eval().logits([rows])
+    torch.testing.assert_close(packed.view_as(full), full, rtol=1e-5, atol=1e-5)
+    if model.spec.mla is not None:
+        with pytest.raises(ConfigError, match=r"--model: serving .* uses MLA"):
+            PagedModel(model, PagedKVCache(model, 8, 4))
+        return
+    runner = PagedModel(model, PagedKVCache(model, 8, 4))
+    first = runner.step([StepRows(ids[0, :7].tolist(), 0, [0, 1, 2], None)])
+    steps = [runner.step([StepRows([ids[0, p].item()], p, [0, 1, 2], None)]) for p in range(7, 12)]
+    torch.testing.assert_close(torch.cat([first, *steps]), full[0, 6:], rtol=1e-5, atol=1e-5)
