@@ -6,10 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from chat_folders import qwen_folder
 from hf_folders import save_hf_folder
 from legato.cli.main import main
 from legato.data import PackedDataset
@@ -18,7 +20,9 @@ from legato.lora.config import finetune_config_from_dict
 from legato.lora.runner import load_base
 from legato.serve.loading import load_served_model, random_weights
 from legato.train.config import ModelSection, load_config, resolve_model
+from legato.train.evaluate import trained_eval_set
 from legato.train.run_data import resolve_tokenizer, split_holdout, token_stream
+from legato.train.trained_model import load_trained
 
 
 @pytest.mark.parametrize("family", ["llama", "mixtral"])
@@ -91,3 +95,20 @@ def _task(tmp_path: Path) -> Path:
     path = tmp_path / "task.jsonl"
     path.write_text(json.dumps({"prompt": "1+1=", "response": "2"}) + "\n")
     return path
+
+
+def test_eval_takes_a_folder_and_scores_it_as_transformers_does(tmp_path, capsys):
+    hf, folder = save_hf_folder("qwen2", qwen_folder(tmp_path / "q2"), vocab_size=512)
+    text = tmp_path / "text.txt"
+    text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
+    assert main(["eval", str(folder), "--data", str(text), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    dataset = trained_eval_set(load_trained(folder), [str(text)])
+    inputs, labels = dataset.windows(np.arange(dataset.num_sequences))
+    with torch.no_grad():
+        logits = hf(inputs).logits
+    expected = F.cross_entropy(logits.flatten(0, 1), labels.flatten()).item()
+    assert report["step"] == 0 and report["sequences"] == dataset.num_sequences
+    assert report["loss"] == pytest.approx(expected, rel=1e-5)
+    assert main(["eval", str(folder)]) == 2
+    assert "has no held-out split (data.holdout = 0); pass --data PATH" in capsys.readouterr().err

@@ -1,4 +1,5 @@
-"""``legato eval RUN_DIR [--data PATH] [--json]``: validation loss of a trained checkpoint.
+"""``legato eval RUN_DIR [--data PATH] [--json]``: validation loss of a trained checkpoint
+or of a Hugging Face model folder (with ``--data``; windows of at most 1,024 tokens).
 
 On one process: the run's held-out split (``data.holdout``) by default, or the documents
 of ``--data`` (txt/jsonl/parquet files, folders or globs, as ``data.paths``) tokenised with
@@ -18,7 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Evaluate the latest (or the given) checkpoint of a run on its held-out "
         "split (data.holdout) or on --data.",
     )
-    parser.add_argument("run_dir", metavar="RUN_DIR", help="a run directory or a checkpoint")
+    parser.add_argument(
+        "run_dir", metavar="RUN_DIR", help="a run directory, a checkpoint or a Hugging Face folder"
+    )
     parser.add_argument(
         "--data", action="append", metavar="PATH", help="evaluate on these files (repeatable)"
     )

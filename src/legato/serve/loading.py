@@ -17,15 +17,14 @@ from pathlib import Path
 import torch
 
 from legato.data.tokenizer import Tokenizer, load_tokenizer
-from legato.errors import CheckpointError, LegatoError, SpecError
+from legato.errors import CheckpointError, SpecError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.lora.peft_io import CONFIG_FILE, load_adapter
 from legato.models import Transformer, build_model
 from legato.models.hf_checkpoint import load_safetensors
-from legato.models.hf_folder import is_hf_folder, load_weights, read_spec
+from legato.models.hf_folder import is_hf_folder
 from legato.specs.registry import load_model
-from legato.train.folder_tokenizer import folder_tokenizer
-from legato.train.trained_model import is_legato_run, load_trained
+from legato.train.trained_model import is_legato_run, load_hf_folder, load_trained
 
 DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj")
 
@@ -48,13 +47,8 @@ def load_served_model(
                 f"--weights: must be left out when --model is a Hugging Face folder ({path}); "
                 "the weights come from its safetensors"
             )
-        served = folder_tokenizer(path, tokenizer, "--tokenizer")
-        try:
-            built = build_model(read_spec(path), seed=seed, device="cpu")
-            load_weights(built, path)
-        except LegatoError as exc:
-            raise type(exc)(f"--model: {exc}") from None
-        return built.eval(), served, path.name
+        folder = load_hf_folder(path, "--model", tokenizer=tokenizer)
+        return folder.model, folder.tokenizer, path.name
     if path.is_dir():
         raise CheckpointError(
             f"--model: {path} is a folder but neither a legato run (no checkpoints/latest) "

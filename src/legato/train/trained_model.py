@@ -5,6 +5,11 @@ A path may name a run directory (its latest checkpoint), its ``checkpoints/`` fo
 ``checkpoints/step_N`` directory. The checkpoint's ``meta.json`` holds the ModelSpec and the
 whole training config, so nothing else needs to be given; DCP reads the model's entries
 into a plain model however the run was sharded (FSDP2, DDP, pipeline stages).
+
+A Hugging Face model folder is read the same way (:func:`load_hf_folder`): spec from its
+``config.json``, weights from its safetensors, tokenizer from its ``tokenizer.json``; its
+"config" is the default training config with ``model.init`` naming it and a sequence length
+of at most ``FOLDER_SEQ_LEN`` (a folder states only its longest context).
 """
 
 from __future__ import annotations
@@ -17,11 +22,15 @@ import torch
 from legato.data import Tokenizer
 from legato.errors import CheckpointError, LegatoError
 from legato.models import Transformer, build_model
+from legato.models.hf_folder import is_hf_folder, load_weights, read_spec
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict
 from legato.train import checkpoint as ckpt
-from legato.train.config import TrainConfig
+from legato.train.config import DataSection, ModelSection, TrainConfig
+from legato.train.folder_tokenizer import folder_tokenizer
 from legato.train.run_data import run_tokenizer
+
+FOLDER_SEQ_LEN = 1024  # evaluation windows of a Hugging Face folder (its context if shorter)
 
 
 @dataclass
@@ -68,7 +77,9 @@ def load_trained(
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
 ) -> TrainedModel:
-    """The model of ``path``'s checkpoint with the weights it was saved with."""
+    """The model of ``path``'s checkpoint (or Hugging Face folder) with its weights."""
+    if Path(path).expanduser().is_dir() and is_hf_folder(Path(path).expanduser()):
+        return load_hf_folder(path, where, device=device, dtype=dtype)
     checkpoint, run_dir = locate_checkpoint(path, where)
     meta = ckpt.read_meta(checkpoint)
     try:
@@ -81,3 +92,27 @@ def load_trained(
     model = model.to(device=device, dtype=dtype).eval()
     tokenizer = run_tokenizer(run_dir, config.data)
     return TrainedModel(checkpoint, run_dir, int(meta["step"]), spec, config, model, tokenizer)
+
+
+def load_hf_folder(
+    path: str | Path,
+    where: str,
+    *,
+    tokenizer: str | None = None,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+) -> TrainedModel:
+    """The Hugging Face folder ``path`` as a trained model; ``tokenizer`` ('byte' or a
+    tokenizer.json) replaces the folder's own."""
+    folder = Path(path).expanduser()
+    served = folder_tokenizer(folder, tokenizer, "--tokenizer")
+    try:
+        spec = read_spec(folder)
+        model = build_model(spec, seed=0, device="cpu")
+        load_weights(model, folder)
+    except LegatoError as exc:
+        raise type(exc)(f"{where}: {exc}") from None
+    data = DataSection(seq_len=min(spec.seq_len, FOLDER_SEQ_LEN))
+    config = TrainConfig(model=ModelSection(init=str(folder)), data=data)
+    model = model.to(device=device, dtype=dtype).eval()
+    return TrainedModel(folder, None, 0, spec, config, model, served)
