@@ -12,7 +12,7 @@ Output, one JSON object per line: the rejected rows (goal: none); per row ``valu
 (published) with ``ratio = value / baseline_value`` (1 is perfect; for iteration time
 above 1 means predicted slower, for throughput metrics predicted faster); then per source
 table ``mean_abs_pct_error`` and ``max_abs_pct_error`` (lower is better, goal < 10); then
-the collective model's fit to the measured NCCL all-reduce. ``--quick``: the first row of
+the A100 profile's collective law and its held-out error on micro-benchmarks. ``--quick``: the first row of
 each table only.
 
 ``--held-out`` (minutes: one fit per source, in parallel over the cores) scores what
@@ -36,7 +36,6 @@ from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
 
-import legato.cost
 from legato.cost.calibration import CALIBRATION
 from legato.cost.held_out import HeldOut, constants_of, fit_without
 from legato.cost.published import (
@@ -48,7 +47,6 @@ from legato.cost.published import (
     load_cases,
 )
 from legato.cost.ranking import rank_groups, summary
-from legato.specs import Link
 from report import emit
 
 BENCHMARK = "cost_model_accuracy"
@@ -77,25 +75,14 @@ def _row_line(result: Result) -> None:
 
 
 def _nccl_line() -> None:
-    from legato.cost.link_fit import fit_collective_model
-    from legato.cost.nccl import read_nccl_tests
+    """The A100 intra-node collective law's fit (from the micro-benchmarks, not these rows)."""
+    from legato.devices.registry import shipped_profile
 
-    data = Path(legato.cost.__file__).parent / "data"
-    nvlink = Link("NVLink 3", bandwidth_gbps=300, latency_us=2.0)
-    measured = [
-        m for p in (2, 4, 8) for m in read_nccl_tests(data / f"a100_nccl_allreduce_{p}gpu.txt", p)
-    ]
-    fit = fit_collective_model(measured, nvlink.latency_us, nvlink.bandwidth_gbps)
-    emit(
-        BENCHMARK,
-        case={"source": "a100_nccl_allreduce_{2,4,8}gpu.txt", "sizes": len(measured)},
-        metric="mean_abs_pct_error",
-        value=round(100 * fit.mean_error, 2),
-        p95_abs_pct_error=round(100 * fit.p95_error, 2),
-        max_abs_pct_error=round(100 * fit.max_error, 2),
-        base_latency_us=round(fit.base_latency_us, 2),
-        bandwidth_fraction=round(fit.bandwidth_fraction, 4),
-    )
+    law = shipped_profile("a100-80g").collectives["intra_node"]
+    emit(BENCHMARK, case={"source": "device profile a100-80g, collectives.intra_node"},
+         metric="held_out_abs_pct_error", value=law.fit.held_out_median_pct,
+         mean_abs_pct_error=law.fit.held_out_mean_pct, bus_fraction=law.bus_fraction,
+         call_latency_us=law.call_latency_us)  # fmt: skip
 
 
 def _fold(cases, evaluations: int, family: str) -> HeldOut:

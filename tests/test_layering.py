@@ -19,6 +19,7 @@ LAYER_RANK = {
     "atomic": 1,
     "local_ray": 0,
     "specs": 1,
+    "devices": 1,  # device profiles: below cost/, reading specs/
     "cost": 2,
     "schedule": 2,
     "plan": 3,
@@ -39,9 +40,9 @@ LAYER_RANK = {
 ALLOWED_SIDEWAYS = {
     ("parallel", "models"), ("parallel", "moe"), ("parallel", "memory"), ("parallel", "precision"), ("calibrate", "parallel"),
     ("models", "moe"), ("models", "precision"), ("models", "memory"), ("memory", "models"),
-    ("moe", "precision"), ("lora", "train"), ("serve", "lora"), ("serve", "train"), ("cluster", "train"),
+    ("moe", "precision"), ("devices", "specs"), ("lora", "train"), ("serve", "lora"), ("serve", "train"), ("cluster", "train"),
 }  # fmt: skip
-TORCH_FREE = ("specs", "cost", "schedule", "plan")
+TORCH_FREE = ("specs", "devices", "cost", "schedule", "plan")
 
 
 def _imports(path: Path) -> set[str]:
@@ -84,7 +85,7 @@ def test_imports_respect_layering(path: Path) -> None:
 # Modules that must import without torch: every module of the planning packages, and the
 # cluster level's policies and simulator (DESIGN.md: decisions are pure functions of state).
 TORCH_FREE_MODULES = {
-    "planning layers": ["legato.specs", "legato.cost"],
+    "planning layers": ["legato.specs", "legato.devices", "legato.cost"],
     "cluster policies and simulator": [
         *(f"legato.cluster.{m}" for m in ("workloads", "jobs", "trace", "placement", "speed")),
         "legato.cluster.simulator",

@@ -22,9 +22,9 @@ from legato.cli import main as cli
 from legato.cost.calibration import calibration_beside
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel, Gemm
-from legato.cost.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
-from legato.cost.least_squares import fit_nonnegative
-from legato.cost.link_fit import CommTiming, LinkFit, fit_alpha_beta
+from legato.devices.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
+from legato.devices.least_squares import fit_nonnegative
+from legato.devices.link_fit import CommTiming, LinkFit, fit_alpha_beta
 from legato.errors import ConfigError
 from legato.specs import load_cluster
 

@@ -11,7 +11,7 @@ import pytest
 from legato.calibrate.cluster_file import collective_fits
 from legato.cost.calibration import CALIBRATION, load_calibration
 from legato.cost.collectives import collective_time
-from legato.cost.link_fit import CommTiming
+from legato.devices.link_fit import CommTiming
 from legato.errors import ConfigError
 from legato.specs.device import Link
 

@@ -9,8 +9,8 @@ import pytest
 import legato.cost
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.collectives import collective_time, ideal_time
-from legato.cost.link_fit import fit_collective_model
-from legato.cost.nccl import read_nccl_tests
+from legato.devices.link_fit import fit_collective_model
+from legato.devices.nccl_tests import read_nccl_tests
 from legato.errors import DataError
 from legato.specs import Link
 

@@ -1,15 +1,11 @@
-"""A ``calibrate`` measurement as a cluster file, and as the cost model's constants.
+"""A ``calibrate`` measurement as a cluster file, and as this host's device profile.
 
 ``write_cluster_file`` writes what ``load_cluster`` reads: one node of ``nproc`` devices
 (one per training process) whose device table carries the measured GEMM peak and memory
 bandwidth and whose link is the fitted gloo link, with the measurements as comments; the
 raw measurements go beside it (``<stem>.calibration.json``), atomically both, with the
-``Calibration`` fields this machine changes (``"calibration"``), which
+host's device profile (``"profile"``, ``measured_profile``), which
 ``legato.cost.calibration.load_calibration`` and ``legato predict/plan`` read back.
-
-The file's figures are achieved rates, not datasheet peaks, so the cost model must not
-scale them down again by the efficiencies fitted on GPUs: ``measured_calibration`` is the
-``Calibration`` whose constants are this machine's.
 """
 
 from __future__ import annotations
@@ -22,11 +18,15 @@ from typing import Any
 
 from legato.atomic import write_text_atomic
 from legato.calibrate.host import Measurement, comm_line
-from legato.cost.calibration import CALIBRATION, Calibration, side_path
-from legato.cost.link_fit import CommTiming, fit_alpha_beta
+from legato.cost.calibration import side_path
+from legato.devices.collectives import LEVELS, LevelLaw
+from legato.devices.laws import AttentionLaw, Fit, GemmLaw, HostLaw, HostLinkLaw, MemoryLaw
+from legato.devices.link_fit import CommTiming, fit_alpha_beta
+from legato.devices.profile import DeviceProfile
+from legato.devices.profile_file import render_profile
 from legato.errors import ConfigError, SpecError
 from legato.specs.registry import load_cluster
-from legato.specs.typed import from_dict, read_table_file, toml_literal
+from legato.specs.typed import from_dict, read_table_file, toml_literal, tomllib
 
 DEVICE_NAME = "cpu-measured"
 NOMINAL_CLUSTER = "local-cpu"  # its link stands in when one process has no peer to measure
@@ -79,32 +79,34 @@ def cluster_table(m: Measurement) -> dict[str, Any]:
     }
 
 
-def measured_calibration(m: Measurement, base: Calibration = CALIBRATION) -> Calibration:
-    """``base`` with this machine's constants: the device's figures are achieved rates, so
-    GEMMs reach all of the measured peak (fraction 1) with the measured half-efficiency
-    size; fused attention and elementwise kernels run at their measured share of the GEMM
-    and copy rates; collectives cost exactly their kind's fitted link (no extra base
-    latency, all of the fitted bandwidth). ``kernel_overhead_s`` stays ``base``'s: the fork/join probe
-    (``parallel_overhead_s``) is ~0 on idle cores and under load 2-15x what a training
-    kernel pays (BENCHMARKS.md, Local truth), so it is recorded, not charged. No launch
-    floor (``launch_s`` 0): a CPU runs each kernel as it issues it, nothing runs ahead."""
-    return dataclasses.replace(
-        base,
-        peak_fraction_by_device=((DEVICE_NAME, 1.0), *base.peak_fraction_by_device),
-        gemm_half_dim=m.gemm_fit.half_dim,
-        attention_fraction=m.attention_rate / m.gemm_fit.peak_flops,
-        memory_bw_fraction=m.elementwise_bandwidth / m.copy_bandwidth,
-        base_latency_us=0.0,
-        latency_scale=1.0,
-        bandwidth_fraction=1.0,
-        collective_fits=collective_fits(m.comm),
-        launch_s=0.0,
+def measured_profile(m: Measurement) -> DeviceProfile:
+    """This host's device profile: the device's figures are achieved rates, so GEMMs
+    reach all of the measured asymptote with the measured half-efficiency size and no
+    kernel latency; fused attention and elementwise kernels run at their measured rates;
+    collectives cost exactly their kind's fitted link. No launch floor: a CPU runs each
+    kernel as it issues it, nothing runs ahead."""
+    measured = Fit(True, f"legato calibrate --nproc {m.nproc} on {m.host}")
+    gemm = GemmLaw(m.gemm_fit.peak_flops / 1e12, m.gemm_fit.half_dim, 0.0, measured)
+    bf16 = dataclasses.replace(gemm, rate_tflops=m.bf16_peak_flops / 1e12)
+    attention = AttentionLaw(m.attention_rate / 1e12, 0.0, 0.0, m.copy_bandwidth / 1e9, 0.0,
+                             2.5, measured)  # fmt: skip
+    memory = m.elementwise_bandwidth / 1e9
+    level = LevelLaw(1.0, 0.0, "alpha_beta", dict(collective_fits(m.comm)), measured)
+    return DeviceProfile(
+        device=DEVICE_NAME,
+        description=f"this host, {m.nproc} process(es) x {m.threads} thread(s)",
+        gemm={"fp32": gemm, "bf16": bf16},
+        attention={"fp32": attention, "bf16": attention},
+        memory=MemoryLaw(memory, measured),
+        host_link=HostLinkLaw(memory, memory, measured),
+        host=HostLaw(0.0, 0.0, 0.0, measured, Fit(False, "not measured")),
+        collectives=dict.fromkeys(LEVELS, level),
     )
 
 
 def collective_fits(timings: list[CommTiming]) -> tuple[tuple[str, float, float], ...]:
-    """``Calibration.collective_fits``: an alpha-beta fit of each kind measured at two
-    sizes or more (``cost.link_fit.fit_alpha_beta`` on that kind's timings alone)."""
+    """``(kind, latency_us, bandwidth_gbps)``: an alpha-beta fit of each kind measured at
+    two sizes or more (``devices.link_fit.fit_alpha_beta`` on that kind's timings alone)."""
     fits = []
     for kind in dict.fromkeys(t.kind for t in timings):
         mine = [t for t in timings if t.kind == kind]
@@ -127,7 +129,7 @@ def _comments(m: Measurement, side: str) -> list[str]:
         f"{m.elementwise_bandwidth / 1e9:.2f} GB/s, fused attention "
         f"{m.attention_rate / 1e9:.1f} GFLOP/s",
         f"a multi-threaded kernel pays {m.parallel_overhead_s * 1e6:.0f} us for its threads "
-        "(recorded; not the cost model's kernel_overhead_s, see measured_calibration)",
+        "(recorded; not the cost model's kernel_overhead_s, see Calibration)",
     ]
     if m.link is not None:
         lines.append(
@@ -157,20 +159,12 @@ def write_cluster_file(m: Measurement, path: str | Path) -> Path:
     if path.suffix != ".toml":
         raise ConfigError(f"--out: the cluster file must end in .toml, got {path}")
     path.parent.mkdir(parents=True, exist_ok=True)
-    side = {"measurement": m.to_dict(), "calibration": calibration_overrides(m)}
+    profile = render_profile(measured_profile(m), [])
+    side = {"measurement": m.to_dict(), "calibration": {},
+            "profile": tomllib.loads(profile)}  # fmt: skip
     write_text_atomic(side_path(path), json.dumps(side, indent=1) + "\n")
     write_text_atomic(path, render_cluster_toml(m, side_path(path).name))
     return path
-
-
-def calibration_overrides(m: Measurement) -> dict[str, Any]:
-    """The ``Calibration`` fields ``measured_calibration`` changes, for the record."""
-    tuned = measured_calibration(m)
-    return {
-        f.name: getattr(tuned, f.name)
-        for f in dataclasses.fields(Calibration)
-        if getattr(tuned, f.name) != getattr(CALIBRATION, f.name)
-    }
 
 
 def read_measurement(cluster_file: str | Path) -> Measurement:

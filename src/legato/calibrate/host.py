@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from legato.calibrate import compute, link, matmul
-from legato.cost.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
-from legato.cost.link_fit import CommTiming, LinkFit, fit_alpha_beta
+from legato.devices.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
+from legato.devices.link_fit import CommTiming, LinkFit, fit_alpha_beta
 from legato.errors import ConfigError
 from legato.parallel.launch import INTERRUPTED, launch
 from legato.parallel.process_group import process_group, set_threads

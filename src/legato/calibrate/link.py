@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 
 from legato.calibrate.timing import calls_per_trial
-from legato.cost.collectives import COLLECTIVES
-from legato.cost.link_fit import CommTiming
+from legato.devices.collectives import COLLECTIVES
+from legato.devices.link_fit import CommTiming
 
 SIZES: tuple[int, ...] = (4 << 10, 32 << 10, 256 << 10, 2 << 20, 8 << 20)
 QUICK_SIZES: tuple[int, ...] = (4 << 10, 256 << 10, 4 << 20)

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from legato.calibrate.timing import seconds_per_call
-from legato.cost.gemm_fit import GemmTiming
+from legato.devices.gemm_fit import GemmTiming
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

@@ -1,20 +1,18 @@
-"""Time of compute kernels on one device: GEMMs by shape, fused attention, memory-bound ops.
+"""Time of compute kernels on one device for one training dtype, from its profile.
 
-A GEMM ``[M, K] x [K, N]`` runs at ``peak * f / (1 + d0/M + d0/N + d0/K)``: large GEMMs
-reach the fraction ``f`` of the datasheet peak that cuBLAS reaches, and each small
-dimension costs efficiency smoothly (tiles are partly empty, too few tiles fill the
-device, short K loops do not amortise the epilogue). It can never beat its roofline: the
-bytes of A, B and C over the memory bandwidth. Elementwise kernels (norms, activations,
-softmax, dropout, the optimizer step) are memory-bound: bytes over bandwidth.
+The device profile (``legato.devices``, fitted on micro-benchmarks) prices a GEMM by its
+shape (``[M, K] x [K, N]``: a rate that small dimensions lower, a kernel latency, never
+faster than its bytes over the memory bandwidth), fused attention by its FLOPs at the
+kernel's long-sequence rate, and streaming kernels (norms, activations, softmax, dropout,
+the optimizer step) by bytes over the bandwidth they achieve.
 
 FP8 training is tile-wise FP8 for the block linears only (``legato.precision``): they run
-at the device's fp8 peak on one-byte operands (``linear_time``), while attention, the
-router and the LM head stay in bf16 (``gemm_time``, ``attention_time``). An FP8 GEMM keeps
-only ``fp8_gemm_share`` of the bf16 GEMM's efficiency (per-tile scaling, the FP32
-promotion of partial sums), and each of its two operands is quantised first by its own
-memory-bound pass: read in bf16, written in fp8 (3 bytes per element; the forward
-quantises X and W, the input gradient dY and W^T, the weight gradient X^T and dY^T, as
-tile-wise scaling runs along each GEMM's own reduction axis).
+at the profile's fp8 GEMM law on one-byte operands (``linear_time``), while attention, the
+router and the LM head stay in bf16 (``gemm_time``, ``attention_time``). Each operand of
+an FP8 GEMM is quantised first by its own memory-bound pass: read in bf16, written in fp8
+(3 bytes per element; the forward quantises X and W, the input gradient dY and W^T, the
+weight gradient X^T and dY^T, as tile-wise scaling runs along each GEMM's own reduction
+axis).
 """
 
 from __future__ import annotations
@@ -22,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from legato.cost.calibration import Calibration
+from legato.devices.profile import DTYPE_BYTES, DeviceProfile
 from legato.specs.device import DeviceSpec
 
 QUANTISE_BYTES = 3  # per element: read bf16, write fp8 (the per-tile scales are ~1% more)
@@ -47,70 +46,58 @@ class Gemm:
 
 @dataclass(frozen=True)
 class DeviceModel:
-    """Peak rates of one device for one training dtype, after calibration."""
+    """One device's profile for one training dtype, and the calibration's kernel overhead."""
 
-    peak_flops: float  # datasheet dense peak, FLOP/s (bf16 when training in fp8)
-    gemm_fraction: float
-    half_dim: float
-    attention_fraction: float
-    memory_bandwidth: float  # achievable bytes/s
-    dtype_bytes: int
-    linear_peak_flops: float  # block linears: the fp8 peak in fp8 training, else peak_flops
-    linear_bytes: int  # bytes per block-linear operand element (1 in fp8 training)
-    linear_share: float = 1.0  # of the GEMM efficiency block linears keep (fp8_gemm_share)
+    profile: DeviceProfile
+    dtype: str  # the dtype GEMMs and attention run in (bf16 when training in fp8)
+    linear_dtype: str  # block linears: fp8 in fp8 training, else ``dtype``
+    peak_flops: float  # datasheet dense peak of ``dtype``, FLOP/s (for MFU)
     kernel_overhead_s: float = 0.0  # per eager kernel, beyond its bytes and FLOPs
-    launch_s: float = 0.0  # host time to issue one kernel (a pass's floor, not added)
 
     @classmethod
     def of(cls, device: DeviceSpec, dtype: str, calibration: Calibration) -> DeviceModel:
-        matmul_dtype = {"fp16": "fp16", "fp8": "bf16"}.get(dtype, dtype)
+        matmul_dtype = {"fp8": "bf16"}.get(dtype, dtype)
         if matmul_dtype == "fp32" and "tf32" in device.peak_tflops:
             matmul_dtype = "tf32"  # fp32 training runs its matmuls on TF32 tensor cores
-        peak = device.peak_flops(matmul_dtype)
-        fp8 = dtype == "fp8"
         return cls(
-            peak_flops=peak,
-            gemm_fraction=calibration.gemm_peak_fraction(device.name),
-            half_dim=calibration.gemm_half_dim,
-            attention_fraction=calibration.attention_fraction,
-            memory_bandwidth=device.memory_bandwidth_gbps * 1e9 * calibration.memory_bw_fraction,
-            dtype_bytes=4 if dtype == "fp32" else 2,
-            linear_peak_flops=device.peak_flops("fp8") if fp8 else peak,
-            linear_bytes=1 if fp8 else (4 if dtype == "fp32" else 2),
-            linear_share=calibration.fp8_gemm_share if fp8 else 1.0,
+            profile=calibration.profile_of(device),
+            dtype=matmul_dtype,
+            linear_dtype="fp8" if dtype == "fp8" else matmul_dtype,
+            peak_flops=device.peak_flops(matmul_dtype),
             kernel_overhead_s=calibration.kernel_overhead_s,
-            launch_s=calibration.launch_s,
         )
 
-    def gemm_efficiency(self, m: float, n: float, k: float) -> float:
-        d0 = self.half_dim
-        return self.gemm_fraction / (1.0 + d0 / m + d0 / n + d0 / k)
+    @property
+    def launch_s(self) -> float:
+        """Host time to issue one kernel (a pass's floor, not added)."""
+        return self.profile.launch_overhead
+
+    @property
+    def dtype_bytes(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    def gemm_rate(self, m: float, n: float, k: float) -> float:
+        """FLOP/s of a GEMM's compute part in the training dtype."""
+        return self.profile.gemm_law(self.dtype).rate(m, n, k)
 
     def gemm_time(self, g: Gemm) -> float:
         """A GEMM in the training dtype (bf16 in fp8 training: attention, router, head)."""
-        return self._time(g, self.peak_flops, self.dtype_bytes)
+        return self.profile.gemm_time(g.m, g.n, g.k, self.dtype, g.count)
 
     def linear_time(self, g: Gemm) -> float:
         """A block linear's GEMM (forward, input or weight gradient): fp8 in fp8 training,
         after quantising both operands."""
-        gemm = self._time(g, self.linear_peak_flops, self.linear_bytes, self.linear_share)
-        if self.linear_bytes != 1 or g.count <= 0:
+        gemm = self.profile.gemm_time(g.m, g.n, g.k, self.linear_dtype, g.count)
+        if self.linear_dtype != "fp8" or g.count <= 0:
             return gemm
         return gemm + self.memory_time(QUANTISE_BYTES * (g.m * g.k + g.k * g.n) * g.count)
 
-    def _time(self, g: Gemm, peak: float, element_bytes: int, share: float = 1.0) -> float:
-        if g.m <= 0 or g.n <= 0 or g.k <= 0 or g.count <= 0:
-            return 0.0
-        compute = g.flops / (peak * share * self.gemm_efficiency(g.m, g.n, g.k))
-        nbytes = element_bytes * (g.m * g.k + g.k * g.n + g.m * g.n) * g.count
-        return max(compute, self.memory_time(nbytes))
-
     def attention_time(self, flops: float) -> float:
         """Fused attention kernel for ``flops`` of QK^T and AV."""
-        return flops / (self.peak_flops * self.gemm_fraction * self.attention_fraction)
+        return flops / self.profile.attention_rate(self.dtype)
 
     def memory_time(self, nbytes: float) -> float:
-        return nbytes / self.memory_bandwidth
+        return self.profile.memory_time(nbytes)
 
     def kernels_time(self, kernels: float) -> float:
         """What ``kernels`` eager kernels cost beyond their work (dispatch, fork/join)."""

@@ -16,8 +16,9 @@ order; the compute stream runs kernels in order):
 
 ``plain`` waits for every transfer where it is issued, so nothing overlaps: its time is
 the sum. A piece's all-to-all costs ``cost.collectives.collective_time`` (alpha-beta plus
-the calibrated per-call latency; pass a calibration with ``base_latency_us=0`` to model
-fused kernels such as Comet's, which signal per tile instead of launching collectives)
+the profile's per-call latency; pass a calibration whose profile has
+``call_latency_us = 0`` to model fused kernels such as Comet's, which signal per tile
+instead of launching collectives)
 and GEMMs cost ``cost.compute.DeviceModel.linear_time`` (small chunks run less
 efficiently; fp8 in FP8 training).
 Not modelled: routing, permutation copies, and compute slowed by sharing the device with
@@ -33,6 +34,7 @@ counts (``legato.moe.Overlap``).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from legato.cost.calibration import CALIBRATION, Calibration
@@ -172,7 +174,8 @@ def moe_layer_time(
 
     def a2a(buffer_rows: float, width: float) -> float:
         return collective_time(
-            "all_to_all", buffer_rows * width * nbytes, work.ep, link, calibration
+            "all_to_all", buffer_rows * width * nbytes, work.ep, link,
+            calibration.profile or device.profile,
         )
 
     def gemm(g: Gemm, backward: bool) -> float:  # expert GEMMs are block linears (fp8 too)
@@ -279,7 +282,7 @@ def overlap_gain(
     work = MoEWork.of(model, tokens, ep)
     plain = moe_layer_time(work, device, link, "plain", calibration=calibration)
     best = overlapped or best_schedule(work, device, link, calibration)
-    other = dense_flops / (device.peak_flops * device.gemm_fraction)
+    other = dense_flops / device.gemm_rate(math.inf, math.inf, math.inf)
     return OverlapGain(plain, best, other, model.num_moe_layers)
 
 

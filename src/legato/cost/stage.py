@@ -125,13 +125,13 @@ class Context:
         out: dict[str, float] = {}
         for c in comms:
             axis = self.axes[c.axis]
-            t = collective_time(c.kind, c.nbytes, axis.size, axis.link(c.kind), self.calibration)
+            t = collective_time(c.kind, c.nbytes, axis.size, axis.link(c.kind), self.device.profile)
             out[c.axis] = out.get(c.axis, 0.0) + c.count * t
         return out
 
     def collective(self, kind: str, nbytes: float, axis: str) -> float:
         a = self.axes[axis]
-        return collective_time(kind, nbytes, a.size, a.link(kind), self.calibration)
+        return collective_time(kind, nbytes, a.size, a.link(kind), self.device.profile)
 
 
 def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:

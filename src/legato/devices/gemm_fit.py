@@ -1,6 +1,7 @@
 """Fit the cost model's GEMM law to measured matrix products.
 
-The law is ``cost.compute.DeviceModel``'s: a ``[M, K] x [K, N]`` product runs at ``R / (1
+The law is ``devices.laws.GemmLaw``'s without its latency: a ``[M, K] x [K, N]`` product
+runs at ``R / (1
 + d0/M + d0/N + d0/K)``. ``fit_gemm_rate`` recovers the asymptotic rate ``R`` and the
 half-efficiency size ``d0`` by linear least squares on the relative error
 (``fit_nonnegative``), so a small GEMM weighs as much as a large one.
@@ -13,7 +14,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from legato.cost.least_squares import fit_nonnegative
+from legato.devices.least_squares import fit_nonnegative
 
 
 @dataclass(frozen=True)

@@ -1,26 +1,27 @@
-"""Fit the alpha-beta link of ``cost.collectives`` to measured collective times.
+"""Fit collective laws (``devices.collectives``) to measured collective times.
 
 The measurements come from ``legato calibrate`` (every collective between this host's
-processes) or from nccl-tests (``cost.nccl``: all-reduce on a GPU cluster). Both fits
-use the planner's own ring formulas (``steps_and_wire_bytes``), so what they return is
-what the planner's collective times need:
+processes), from nccl-tests (``nccl_tests``) or from published sweeps (``micro``):
 
-- ``fit_alpha_beta``: ``time = steps x latency + wire_bytes / bandwidth``, both free (a
-  host measured at small and large sizes);
-- ``fit_collective_model``: the per-step latency held at the link's nominal value (sizes
-  of 1 MB and up cannot separate it from a base latency), fitting the ``Calibration``
-  constants ``base_latency_us`` and ``bandwidth_fraction``.
+- ``fit_alpha_beta``: ``time = steps x latency + wire_bytes / bandwidth``, both free, on
+  the ring formulas (``steps_and_wire_bytes``; a host measured at small and large sizes);
+- ``fit_level``: NCCL's algorithm and protocol model with its own latencies, fitting the
+  bus bandwidth share and the per-call latency of a link level (GPU clusters).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from legato.cost.collectives import steps_and_wire_bytes
-from legato.cost.least_squares import fit_nonnegative
+import numpy as np
+from scipy.optimize import least_squares
+
+from legato.devices.collectives import nccl_time, steps_and_wire_bytes
+from legato.devices.least_squares import fit_nonnegative
 
 
 @dataclass(frozen=True)
@@ -68,36 +69,21 @@ def fit_alpha_beta(timings: Sequence[CommTiming]) -> LinkFit:
     return dataclasses.replace(fit, error=error)
 
 
-@dataclass(frozen=True)
-class CollectiveFit:
-    """Fitted constants (see ``Calibration``) and the relative errors they leave."""
+def fit_level(
+    timings: Sequence[CommTiming], bandwidth_gbps: float, network: bool
+) -> tuple[float, float, float, float]:
+    """``(bus_fraction, call_latency_us, median, mean relative error)`` of NCCL's model
+    (``devices.collectives.nccl_time``) on a link of nominal ``bandwidth_gbps``: least
+    squares on the log of predicted over measured time, so every size weighs alike."""
+    seconds = np.array([t.seconds for t in timings])
 
-    base_latency_us: float
-    bandwidth_fraction: float
-    mean_error: float
-    p95_error: float
-    max_error: float
+    def predicted(x: np.ndarray) -> np.ndarray:
+        fraction, call = math.exp(x[0]), math.exp(x[1]) * 1e-6
+        rate = bandwidth_gbps * fraction
+        return np.array([
+            call + nccl_time(t.kind, t.nbytes, t.ranks, rate * 1e9, network) for t in timings
+        ])  # fmt: skip
 
-
-def fit_collective_model(
-    timings: Sequence[CommTiming], latency_us: float, bandwidth_gbps: float
-) -> CollectiveFit:
-    """Least squares on the relative error of ``t = base + steps * latency + wire /
-    (fraction * bandwidth)``, linear in (base, 1/fraction), with the per-step latency held
-    at the link's nominal ``latency_us``."""
-    latency_s, bandwidth = latency_us * 1e-6, bandwidth_gbps * 1e9
-    fixed = [x.steps_and_wire[0] * latency_s for x in timings]
-    at_link_rate = [x.steps_and_wire[1] / bandwidth for x in timings]
-    seconds = [x.seconds for x in timings]
-    base, inv = fit_nonnegative([(1.0, w) for w in at_link_rate], seconds, fixed)
-    errors = sorted(
-        abs((base + f + w * inv) / t - 1)
-        for f, w, t in zip(fixed, at_link_rate, seconds, strict=True)
-    )
-    return CollectiveFit(
-        base_latency_us=base * 1e6,
-        bandwidth_fraction=1.0 / inv,
-        mean_error=sum(errors) / len(errors),
-        p95_error=errors[int(0.95 * (len(errors) - 1))],
-        max_error=errors[-1],
-    )
+    x = least_squares(lambda x: np.log(predicted(x) / seconds), [math.log(0.8), math.log(10.0)]).x
+    errors = np.abs(predicted(x) / seconds - 1)
+    return math.exp(x[0]), math.exp(x[1]), float(np.median(errors)), float(errors.mean())

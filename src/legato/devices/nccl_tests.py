@@ -3,7 +3,8 @@
 ``all_reduce_perf`` prints one row per message size: size in bytes, element count, type,
 then time (us) and bus bandwidth for out-of-place and in-place runs (the calibration
 files hold the time in ns instead: ``time_unit``). A user who measures their own cluster
-feeds the rows to ``fit_collective_model`` and puts the result in a ``Calibration``.
+feeds the rows to ``link_fit.fit_level`` (``legato hardware fit --nccl-tests``) and
+puts the result in a device profile.
 """
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from legato.cost.link_fit import CommTiming
+from legato.devices.link_fit import CommTiming
 from legato.errors import DataError
 
 

@@ -18,9 +18,12 @@ from legato.specs.limits import MAX_DEVICES, check_at_most
 
 @dataclass(frozen=True)
 class LinkLevel(Link):
-    """A link level: ``span`` devices (consecutive ranks) are reachable inside it."""
+    """A link level: ``span`` devices (consecutive ranks) are reachable inside it;
+    ``level`` says which (``intra_node``, ``supernode``, ``inter_node``: a device profile
+    prices collectives per level)."""
 
     span: int
+    level: str = "intra_node"
 
     def __post_init__(self) -> None:
         super().__post_init__()

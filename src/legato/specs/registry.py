@@ -204,6 +204,6 @@ def _assemble(table: _ClusterTable, nodes: int, per_node: int) -> ClusterSpec:
 
 def _level(key: str, link: _LinkTable | _SupernodeTable | Link, name: str, span: int) -> LinkLevel:
     try:
-        return LinkLevel(name, link.bandwidth_gbps, link.latency_us, span)
+        return LinkLevel(name, link.bandwidth_gbps, link.latency_us, span, key)
     except SpecError as exc:
         raise SpecError(f"cluster.{key}: {exc}") from None

@@ -43,8 +43,8 @@ from legato.specs.model import ModelSpec
 CACHE_ENV = "LEGATO_CACHE_DIR"
 NO_CLUSTER = "none"  # parallel.cluster: do not predict
 # of the cached calibration, part of its key: a new one is measured when what it holds
-# changes (3: it says launch_s = 0, which older files leave to the GPU default)
-FORMAT = 3
+# changes (4: the host's constants are a device profile, ``"profile"``)
+FORMAT = 4
 # a substring of torch.cuda.get_device_name -> the node preset of that GPU
 GPU_NODES = {"H200": "hgx-h200", "H100": "dgx-h100", "H800": "h800", "A100": "dgx-a100",
              "4090": "rtx4090-pcie"}  # fmt: skip
