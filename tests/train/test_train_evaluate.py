@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from legato.cli.main import main
 from legato.data import PackedDataset
 from legato.train.config import load_config
-from legato.train.evaluate import evaluate, trained_eval_set
+from legato.train.evaluate import WholeModel, evaluate, trained_eval_set
 from legato.train.trained_model import load_trained
 from legato.train.trainer import Trainer
 
@@ -52,7 +52,7 @@ def test_a_rank_whose_share_ran_out_pads_without_touching_real_tokens() -> None:
     torch.manual_seed(0)
     model = torch.nn.Embedding(VOCAB, VOCAB)
     dataset = PackedDataset(np.arange(3 * SEQ + 1) % VOCAB, SEQ, seed=0, shuffle=False)
-    result = evaluate(model, dataset, 1, device=torch.device("cpu"), rank=1, world=2)
+    result = evaluate(WholeModel(model), dataset, 1, device=torch.device("cpu"), rank=1, world=2)
     inputs, labels = dataset.windows(np.array([2]))
     with torch.no_grad():
         direct = F.cross_entropy(model(inputs).flatten(0, 1), labels.flatten()).item()
@@ -72,6 +72,6 @@ def test_evaluate_does_not_change_the_datasets_tensors() -> None:
     dataset = _Cached(np.arange(SEQ + 1) % VOCAB, SEQ, seed=0, shuffle=False)
     dataset.windows(np.array([0]))
     inputs, labels = (t.clone() for t in dataset.served)
-    evaluate(torch.nn.Embedding(VOCAB, VOCAB), dataset, 1, device=torch.device("cpu"),
+    evaluate(WholeModel(torch.nn.Embedding(VOCAB, VOCAB)), dataset, 1, device=torch.device("cpu"),
              rank=1, world=2, all_reduce=lambda sums: sums.add_(1))  # fmt: skip
     assert torch.equal(dataset.served[0], inputs) and torch.equal(dataset.served[1], labels)

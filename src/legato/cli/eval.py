@@ -37,7 +37,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     from legato.errors import ConfigError
     from legato.parallel.fp8 import compute_dtype
-    from legato.train.evaluate import evaluate, trained_eval_set
+    from legato.train.evaluate import WholeModel, evaluate, trained_eval_set
     from legato.train.trained_model import load_trained
 
     if args.batch_size < 1:
@@ -45,13 +45,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     trained = load_trained(args.run_dir, "RUN_DIR")
     dataset = trained_eval_set(trained, args.data)
     low = compute_dtype(trained.config.train.dtype)  # the run's compute precision
-    result = evaluate(
-        trained.model,
-        dataset,
-        args.batch_size,
-        device=torch.device("cpu"),
-        autocast=(lambda: torch.autocast("cpu", dtype=low)) if low else contextlib.nullcontext,
-    )
+    autocast = (lambda: torch.autocast("cpu", dtype=low)) if low else contextlib.nullcontext
+    model = WholeModel(trained.model, autocast)
+    result = evaluate(model, dataset, args.batch_size, device=torch.device("cpu"))
     report = {
         "checkpoint": str(trained.checkpoint),
         "step": trained.step,

@@ -1,7 +1,7 @@
 """The step of a job without a pipeline: micro-batches accumulated, gradients reduced once.
 
-The trainer sees one step interface (``forward_backward``, ``clip_grad_norm``, ``module``,
-``fqns``), implemented here and by ``parallel.pipeline_step.PipelineStep``.
+The trainer sees one step interface (``forward_backward``, ``clip_grad_norm``,
+``eval_sums``, ``module``, ``fqns``), implemented here and by ``parallel.pipeline_step.PipelineStep``.
 
 Loss convention: the loss of a step is the mean cross-entropy over every label token of
 the global batch, however it is split over ranks and micro-batches. Each micro-batch
@@ -32,7 +32,7 @@ from legato.parallel.batch_split import chunk_sizes, even_split, microbatch_coun
 from legato.parallel.fsdp import gradient_sync, unwrap
 from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
 from legato.parallel.job import Job
-from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
+from legato.parallel.loss import IGNORE_INDEX, eval_sums, first_tensor_rank, token_loss_sum
 from legato.parallel.mesh import GRADIENT_DIM, submesh
 from legato.parallel.parallelize import Parallelized
 
@@ -56,6 +56,7 @@ class DataParallelStep:
         self.gradient_group = submesh(mesh, GRADIENT_DIM).get_group() if many else None
         self.aux_loss_coef = aux_loss_coef
         self.even_split = even_split(job.strategy.gbs, job.strategy.dp)
+        self.counts_tokens = first_tensor_rank(mesh)
 
     def forward_backward(
         self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
@@ -88,6 +89,18 @@ class DataParallelStep:
                 objective.backward()
             loss_sum += token_loss.detach()
         return _sum(loss_sum, self.gradient_group).item() / max(int(count.item()), 1)
+
+    @torch.no_grad()
+    def eval_sums(self, inputs: Tensor, labels: Tensor) -> Tensor:
+        """Forward only: [summed token loss, label tokens] of this rank's share of
+        ``inputs``/``labels`` (its cp shard), as ``loss.eval_sums`` (a sum over every rank
+        counts each token once)."""
+        inputs, labels = inputs.to(self.device), labels.to(self.device)
+        if self.laid_out.context is not None:
+            inputs, labels, _ = self.laid_out.context.shard(inputs, labels)
+        with self.laid_out.step_context():
+            loss = token_loss_sum(self.module, inputs, labels, self.job.strategy.loss_chunk)
+        return eval_sums(loss, labels, self.counts_tokens)
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm; returns it (before clipping)."""

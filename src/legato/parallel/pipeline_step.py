@@ -42,9 +42,11 @@ from legato.models.transformer import Transformer
 from legato.parallel.fsdp import reduce_after_pipeline
 from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
 from legato.parallel.job import Job, pipeline_schedule
+from legato.parallel.loss import eval_sums, first_tensor_rank
 from legato.parallel.mesh import GRADIENT_DIM, submesh
 from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
+from legato.parallel.pipeline.forward_only import forward_loss
 from legato.parallel.process_group import DistContext, all_reduce_flat
 
 
@@ -88,6 +90,7 @@ class PipelineStep:
         named = [*model.named_parameters(), *model.named_buffers()]
         self.fqns = sorted(name for name, t in named if id(t) in held)
         self._norm_params = self._count_once()
+        self.counts_tokens = first_tensor_rank(mesh)
 
     def _count_once(self) -> list[nn.Parameter]:
         """The parameters whose gradients enter the global norm from this rank: a tied
@@ -128,6 +131,21 @@ class PipelineStep:
         total = loss.detach().clone() if loss is not None else torch.zeros((), device=device)
         # every tensor-parallel rank of a last stage holds the same loss
         return self.ctx.all_reduce_sum(total).item() / (averaged * self.job.strategy.tp)
+
+    @torch.no_grad()
+    def eval_sums(self, inputs: Tensor, labels: Tensor) -> Tensor:
+        """Forward only, through the stages in order (``forward_only``): [summed token loss,
+        label tokens] of this rank's share, nonzero on the last stage's first tp rank only
+        (``loss.eval_sums``)."""
+        device = self.ctx.device
+        inputs, labels = inputs.to(device), labels.to(device)
+        positions = None
+        context = self.laid_out[0].context
+        if context is not None:
+            inputs, labels, positions = context.shard(inputs, labels)
+        with self.laid_out[0].step_context():
+            loss = forward_loss(self.runner, inputs, labels, positions)
+        return eval_sums(loss, labels, self.counts_tokens)
 
     def _gather(self) -> None:
         """All-gather every FSDP2 group of the stages once, before the first forward: the

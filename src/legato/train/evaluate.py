@@ -2,11 +2,13 @@
 
 Used by the trainer every ``train.eval_every`` steps and by ``legato eval``. The windows
 are split into contiguous shares, one per data-parallel rank; each rank sums the loss and
-counts the label tokens of its share, and the two sums are added over ranks before the
-division, so the result is the mean over all tokens whatever the world size (not a mean of
-per-rank means). Every rank runs the same number of forwards, since FSDP2 and expert
-parallelism are collective in the forward: a rank whose share ran out feeds a window whose
-labels are all ignored.
+counts the label tokens it holds, and the two sums are added over every rank before the
+division, so the result is the mean over all tokens whatever the layout (not a mean of
+per-rank means). What a rank holds is the step interface's ``eval_sums``: its cp shard of
+each window, nothing off a pipeline's last stage, nothing on a tensor-parallel rank but
+the first. Every rank runs the same number of forwards, since FSDP2, expert parallelism
+and the pipeline are collective in the forward: a rank whose share ran out feeds a window
+whose labels are all ignored.
 """
 
 from __future__ import annotations
@@ -14,17 +16,43 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from legato.data import PackedDataset
 from legato.errors import DataError
-from legato.parallel.loss import IGNORE_INDEX, token_loss_sum
+from legato.parallel.loss import IGNORE_INDEX, eval_sums, token_loss_sum
 from legato.train.run_data import eval_dataset, split_holdout, token_stream
 from legato.train.trained_model import TrainedModel
+
+
+class Evaluated(Protocol):
+    """What ``evaluate`` runs: the trainer's step (``DataParallelStep``, ``PipelineStep``)
+    or a ``WholeModel``."""
+
+    module: nn.Module
+
+    def eval_sums(self, inputs: Tensor, labels: Tensor) -> Tensor: ...
+
+
+@dataclass
+class WholeModel:
+    """A whole model in one process (``legato eval``), under ``autocast``."""
+
+    module: nn.Module
+    autocast: Callable[[], contextlib.AbstractContextManager] = field(
+        default=contextlib.nullcontext
+    )
+    loss_chunk: int = 0
+
+    def eval_sums(self, inputs: Tensor, labels: Tensor) -> Tensor:
+        with self.autocast():
+            loss = token_loss_sum(self.module, inputs, labels, self.loss_chunk)
+        return eval_sums(loss, labels, counted=True)
 
 
 @dataclass(frozen=True)
@@ -50,23 +78,22 @@ class EvalResult:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module,
+    model: Evaluated,
     dataset: PackedDataset,
     batch_size: int,
     *,
     device: torch.device,
     rank: int = 0,
     world: int = 1,
-    all_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    autocast: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-    loss_chunk: int = 0,
+    all_reduce: Callable[[Tensor], Tensor] | None = None,
 ) -> EvalResult:
-    """Collective over the ``world`` ranks when ``all_reduce`` sums over them."""
+    """Collective over every rank when ``all_reduce`` sums over them; ``rank`` / ``world``
+    are the data-parallel ones, which see different windows."""
     total = dataset.num_sequences
     share = -(-total // world)
     mine = np.arange(rank * share, min(total, (rank + 1) * share), dtype=np.int64)
-    was_training = model.training
-    model.eval()
+    was_training = model.module.training
+    model.module.eval()
     sums = torch.zeros(2, dtype=torch.float64, device=device)  # loss, label tokens
     try:
         for start in range(0, share, batch_size):
@@ -74,13 +101,9 @@ def evaluate(
             inputs, labels = dataset.windows(windows if len(windows) else np.zeros(1, np.int64))
             if not len(windows):  # a new tensor: the dataset's may be shared or cached
                 labels = torch.full_like(labels, IGNORE_INDEX)
-            inputs, labels = inputs.to(device), labels.to(device)
-            with autocast():
-                loss = token_loss_sum(model, inputs, labels, loss_chunk)
-            sums[0] += loss.double()
-            sums[1] += (labels != IGNORE_INDEX).sum()
+            sums += model.eval_sums(inputs.to(device), labels.to(device))
     finally:
-        model.train(was_training)
+        model.module.train(was_training)
     if all_reduce is not None:
         all_reduce(sums)
     tokens = int(sums[1].item())

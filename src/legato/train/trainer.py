@@ -25,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from legato.atomic import write_text_atomic
 from legato.calibrate.device_peak import peak_flops
@@ -245,10 +244,6 @@ class Trainer:
         dataset = PackedDataset(train_tokens, self.seq_len, seed=self.config.train.seed)
         if held_out is None:
             return dataset, None, tokenizer
-        if self.config.train.eval_every and (self.strategy.pp > 1 or self.strategy.cp > 1):
-            raise ConfigError(
-                "train.eval_every: must be 0 with pp > 1 or cp > 1 (not supported yet)"
-            )
         return dataset, eval_dataset(held_out, self.seq_len, "data.holdout"), tokenizer
 
     def _build(self, ctx: DistContext) -> None:
@@ -263,14 +258,13 @@ class Trainer:
         if job.strategy.pp > 1:
             self.step = PipelineStep(model, job, ctx, cfg.train.moe_aux_loss_coef)
             self.model = model  # the full model: its parameter names key the checkpoint
-            self.evaluated = self.swap = None
+            self.swap = None
         else:
             laid_out = parallelize(model, job, ctx.mesh, fp8_all_gather=cfg.train.fp8_all_gather)
             self.step = DataParallelStep(
                 laid_out, job, ctx.mesh, ctx.device, cfg.train.moe_aux_loss_coef
             )
             self.model = laid_out.module
-            self.evaluated = laid_out
             self.swap = laid_out.swap
         if cfg.model.init and self._start is None:  # laid out first: each rank reads its slices
             load_init(cfg.model.init, self.model, self._owned)
@@ -398,19 +392,16 @@ class Trainer:
         return agreed[0] > 0
 
     def _evaluate(self, step: int, log: MetricsLog | None) -> None:
-        """Validation loss on the held-out windows, averaged over every rank's tokens."""
+        """Validation loss on the held-out windows, summed over every rank's tokens."""
         ctx = self.ctx
-        dp_group = submesh(ctx.mesh, "dp").get_group() if ctx.dp_size > 1 else None
         result = evaluate(
-            self.model,
+            self.step,
             self.eval_set,
             self.config.train.micro_batch_size,
             device=ctx.device,
             rank=ctx.dp_rank,
             world=ctx.dp_size,
-            all_reduce=lambda t: _all_reduce(t, dp_group),
-            autocast=self.evaluated.step_context,
-            loss_chunk=self.strategy.loss_chunk,
+            all_reduce=ctx.all_reduce_sum,
         )
         if log is not None:
             log.write(EvalMetrics(step, result.loss, result.perplexity, result.tokens))
@@ -479,12 +470,6 @@ class Trainer:
         else:
             self.progress.message(_summary_text(summary))
         return summary
-
-
-def _all_reduce(tensor: torch.Tensor, group: dist.ProcessGroup | None) -> torch.Tensor:
-    if group is not None:
-        dist.all_reduce(tensor, group=group)
-    return tensor
 
 
 def _summary_text(summary: dict[str, Any]) -> str:

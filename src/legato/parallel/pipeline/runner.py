@@ -64,6 +64,25 @@ def token_cross_entropy(logits: Tensor, labels: Tensor) -> Tensor:
     return loss.full_tensor() if isinstance(loss, DTensor) else loss
 
 
+def stage_loss_sum(
+    stage: StageModule,
+    inp: Tensor,
+    positions: Tensor,
+    labels: Tensor,
+    loss_fn: LossFn = token_cross_entropy,
+    loss_chunk: int = 0,
+) -> Tensor:
+    """The last stage's summed token loss: from its logits, or with ``loss_chunk`` from
+    its hidden states, the LM head applied a chunk of tokens at a time."""
+    if not loss_chunk:
+        return loss_fn(stage(inp, positions), labels)
+    hidden = stage.hidden_states(inp, positions)
+    return chunked_cross_entropy(
+        hidden, stage.output_weight(), labels, chunk_size=loss_chunk,
+        ignore_index=IGNORE_INDEX, reduction="sum",
+    )  # fmt: skip
+
+
 @dataclass
 class StepStats:
     """What the last ``step`` measured on this rank."""
@@ -299,15 +318,8 @@ class PipelineRunner:
     def _stage_loss(
         self, stage: StageModule, inp: Tensor, positions: Tensor, labels: Tensor
     ) -> Tensor:
-        """The last stage's scaled summed loss: from its logits, or with ``loss_chunk``
-        from its hidden states, the LM head applied a chunk of tokens at a time."""
-        if not self.loss_chunk:
-            return self.loss_fn(stage(inp, positions), labels) * self._loss_scale
-        hidden = stage.hidden_states(inp, positions)
-        loss = chunked_cross_entropy(
-            hidden, stage.output_weight(), labels, chunk_size=self.loss_chunk,
-            ignore_index=IGNORE_INDEX, reduction="sum",
-        )  # fmt: skip
+        """The last stage's scaled summed loss."""
+        loss = stage_loss_sum(stage, inp, positions, labels, self.loss_fn, self.loss_chunk)
         return loss * self._loss_scale
 
     def _backward(self, a: Action) -> None:
