@@ -161,9 +161,10 @@ def _collectives(folder: Path, device: str, nominal: float, extra: list[CommTimi
 
 
 def _host(folder: Path, device: str, prior: HostLaw) -> HostLaw:
-    if not GPUS.get(device, {}).get("steps"):
+    rows = micro.engine_steps(folder) if GPUS.get(device, {}).get("steps") else []
+    if len({r.batch for r in rows}) < 2:
         return prior
-    base, per, report = fit_steps(micro.engine_steps(folder))
+    base, per, report = fit_steps(rows)
     fit = Fit(True, f"serving_vidur_cpu_overheads_a100.csv ({VIDUR}): schedule + prepare "
               "inputs + sampler + process outputs, medians, by batch",
               *(round(x, 2) for x in report or ()))  # fmt: skip

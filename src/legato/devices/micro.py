@@ -30,6 +30,9 @@ class GemmRow:
 
 
 def _rows(path: Path) -> Iterator[dict[str, str]]:
+    """The rows of CSV ``path``; none when the folder lacks that file (a partial copy)."""
+    if not path.exists():
+        return
     try:
         with open(path, newline="", encoding="utf-8") as f:
             yield from csv.DictReader(f)
