@@ -317,16 +317,48 @@ def test_a_multi_node_plan_config_names_the_torchrun_command(capsys, monkeypatch
     out = tmp_path / "plan.toml"
     code, _, err = run(capsys, "plan", "--model", "llama3-8b", "--cluster", "dgx-h100",
                        "--nodes", "8", "--gbs", "512", "--config", str(out))  # fmt: skip
-    assert code == 0 and f"wrote {out}" in err
+    script = tmp_path / "plan.torchrun.sh"
+    assert code == 0 and f"wrote {out} and {script}" in err
     parallel = load_config(out).parallel
     assert (parallel.nodes, parallel.nproc) == (8, 8)
     code, _, err = run(capsys, "train", str(out), "--train.steps", "10")
-    command = (
-        "torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 "
-        f"-m legato.cli.main train {out} --train.steps=10"
-    )
+    launcher = "torchrun --nnodes 8 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint"
+    command = f"{launcher} HOST:29500 -m legato.cli.main train {out} --train.steps=10"
     assert code == 2 and err.strip() == (
         "legato: error: parallel.nodes: the job runs on 64 processes (8 hosts x 8) and "
         "`legato train` starts them on this host only; run on every host, with HOST the "
         f"first host's address: {command}"
     )
+    # the script beside the config runs the same command, HOST taken from the environment
+    lines = script.read_text().splitlines()
+    assert lines[0] == "#!/bin/sh" and lines[-1] == (
+        f'exec {launcher} "${{HOST:?set HOST to the first host\'s address}}:29500" '
+        f"-m legato.cli.main train {out}"
+    )
+    assert subprocess.run(["sh", "-n", str(script)]).returncode == 0
+    echoed = script.read_text().replace("exec torchrun", "echo torchrun")
+    shown = subprocess.run(["sh", "-c", echoed], env={"HOST": "10.0.0.1", "PATH": "/usr/bin:/bin"},
+                           capture_output=True, text=True).stdout  # fmt: skip
+    assert shown.strip() == command.replace("HOST:", "10.0.0.1:").removesuffix(" --train.steps=10")
+
+
+def test_config_rank_writes_the_kth_plan(capsys, tmp_path):
+    """--config-rank 2 writes plan #2 (one host: no torchrun script), a K past the plans
+    shown or without --config is one line."""
+    out = tmp_path / "second.toml"
+    target = ("--model", "tiny", "--cluster", "local-cpu", "--gbs", "12", "--dtype", "fp32")
+    code, data, _ = run(capsys, "plan", *target, "--json")
+    second = json.loads(data)["plans"][1]["strategy"]
+    code, _, err = run(capsys, "plan", *target, "--config", str(out), "--config-rank", "2")
+    assert code == 0 and f"wrote {out}: plan #2, {second}" in err
+    from legato.train.config import load_config
+
+    assert load_config(out).parallel.strategy == second
+    assert not (tmp_path / "second.torchrun.sh").exists()
+    for argv, fragment in (
+        (("--config", str(out), "--config-rank", "9", "--top", "3"),
+         "--config-rank: must be in [1, --top = 3], got 9"),
+        (("--config-rank", "1"), "--config-rank: needs --config OUT.toml"),
+    ):  # fmt: skip
+        code, _, err = run(capsys, "plan", *target, *argv)
+        assert code == 2 and fragment in err and err.count("\n") == 1

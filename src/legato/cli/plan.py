@@ -102,6 +102,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     predict.add_argument("--strategy", help="e.g. dp=8,tp=8,pp=2,sp=1,mbs=1,gbs=512")
     predict.add_argument("--batch", metavar="FILE.jsonl", help="predict every line of a file")
     predict.add_argument(
+        "--explain",
+        action="store_true",
+        help="also print each term of the step (compute by op class, recompute, contention, "
+        "exposed communication per axis, bubble, optimizer; they add up to the step), how "
+        "each axis's collectives run and what each kind of traffic hid behind",
+    )
+    predict.add_argument(
         "--no-overlap",
         action="store_true",
         help="assume no communication/compute overlap (right for CPU processes over gloo, "
@@ -133,7 +140,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         metavar="OUT.toml",
         help="also write a `legato train` config that runs the fastest plan the trainer "
         "executes (model, batch, dtype, parallel.strategy, nodes x nproc; parallel.cluster "
-        "when --cluster is a file)",
+        "when --cluster is a file); for a plan over more than one host, also "
+        "OUT.torchrun.sh, the torchrun command to run on every host",
+    )
+    plan.add_argument(
+        "--config-rank",
+        type=int,
+        metavar="K",
+        help="with --config: write the K-th ranked plan (1 = the fastest) instead, or fail "
+        "with the reason `legato train` cannot run it",
     )
     plan.set_defaults(func=_run_plan)
 
@@ -190,6 +205,8 @@ def _run_predict(args: argparse.Namespace, extra: list[str]) -> int:
         print(json.dumps(result))
     else:
         _console().print(_prediction_table(result))
+        if args.explain:
+            _console().print(_explain_table(result["breakdown"], result["step_time_s"]))
     return 0
 
 
@@ -242,6 +259,12 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
     model, cluster = _load(args.model, args.cluster, args.nodes, args.seq)
     if args.top < 1:
         raise LegatoError(f"--top must be >= 1, got {args.top}")
+    if args.config_rank is not None and not args.config:
+        raise LegatoError("--config-rank: needs --config OUT.toml")
+    if args.config_rank is not None and not 1 <= args.config_rank <= args.top:
+        raise LegatoError(
+            f"--config-rank: must be in [1, --top = {args.top}], got {args.config_rank}"
+        )
     space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype)
     runtime = parse_runtime(args.runtime, "--runtime")
     scorer = _scorer(_calibration(args.calibration, args.cluster), runtime)
@@ -256,39 +279,27 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
 
 
 def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
-                        report) -> None:  # fmt: skip
-    """``--config``: the first ranked plan that ``legato train`` can place, as a config."""
+                        report: PlanReport) -> None:  # fmt: skip
+    """``--config``: the first ranked plan that ``legato train`` can place (or the
+    ``--config-rank``-th), as a config; beside it the torchrun command of a multi-host plan."""
     from legato.atomic import naming, write_text_atomic
+    from legato.cli.torchrun import script_path, torchrun_script
     from legato.parallel.job import TRAINED_DTYPE
-    from legato.train.config import (
-        DataSection,
-        ModelSection,
-        ParallelSection,
-        TrainConfig,
-        TrainSection,
-        render_toml,
-    )  # fmt: skip
+    from legato.train.config import render_toml
 
     if args.dtype not in TRAINED_DTYPE:
         raise LegatoError(f"--config: --dtype {args.dtype} is priced but not trained; "
                           f"use one of {', '.join(TRAINED_DTYPE)}")  # fmt: skip
+    ranked = list(enumerate(report.result.ranked, 1))
+    if args.config_rank is not None:
+        if args.config_rank > len(ranked):
+            raise LegatoError(f"--config-rank: only {len(ranked)} plans fit, got "
+                              f"{args.config_rank}")  # fmt: skip
+        ranked = ranked[args.config_rank - 1 : args.config_rank]
     refused = []
-    for rank, scored in enumerate(report.result.ranked, 1):
+    for rank, scored in ranked:
         text = scored.strategy.to_string()
-        config = TrainConfig(
-            model=ModelSection(
-                preset=args.model, overrides={"seq_len": args.seq} if args.seq else {}
-            ),
-            data=DataSection(seq_len=model.seq_len),
-            train=TrainSection(global_batch_size=args.gbs, micro_batch_size=scored.strategy.mbs),
-            # a cluster file (calibrated) prices the run; a preset leaves it to the host
-            parallel=ParallelSection(
-                nproc=cluster.devices_per_node,
-                nodes=cluster.nodes,
-                strategy=text,
-                cluster=args.cluster if os.path.isfile(args.cluster) else "",
-            ),
-        )
+        config = _train_config(args, model, cluster, scored.strategy)
         try:
             config.job(model, cluster.world_size)  # what `legato train` will check
         except LegatoError as exc:
@@ -298,11 +309,44 @@ def _write_train_config(args: argparse.Namespace, model: ModelSpec, cluster: Clu
                   f"--cluster {args.cluster} --gbs {args.gbs}`: {text}")  # fmt: skip
         with naming("--config"):
             write_text_atomic(args.config, render_toml(config, header))
+        wrote = [args.config]
+        if cluster.nodes > 1:  # more than `legato train` starts on one host
+            script = torchrun_script(cluster.nodes, cluster.devices_per_node, args.config, header)
+            with naming("--config"):
+                wrote.append(str(write_text_atomic(script_path(args.config), script)))
         skipped = f" (skipped {'; '.join(refused)})" if refused else ""
-        print(f"wrote {args.config}: plan #{rank}, {text}{skipped}", file=sys.stderr)
+        print(f"wrote {' and '.join(wrote)}: plan #{rank}, {text}{skipped}", file=sys.stderr)
         return
+    if args.config_rank is not None:
+        raise LegatoError(f"--config-rank: plan {refused[0]}")
     raise LegatoError(f"--config: none of the {len(refused)} plans shown runs in `legato "
                       f"train` yet: {'; '.join(refused)} (raise --top to see more)")  # fmt: skip
+
+
+def _train_config(args: argparse.Namespace, model: ModelSpec, cluster: ClusterSpec,
+                  strategy: Strategy):  # fmt: skip
+    """The ``legato train`` config of one plan: model, batch, dtype (in the strategy
+    string), nodes x devices per node; ``parallel.cluster`` when --cluster is a file (a
+    calibrated cluster prices the run; a preset leaves it to the host)."""
+    from legato.train.config import (
+        DataSection,
+        ModelSection,
+        ParallelSection,
+        TrainConfig,
+        TrainSection,
+    )  # fmt: skip
+
+    return TrainConfig(
+        model=ModelSection(preset=args.model, overrides={"seq_len": args.seq} if args.seq else {}),
+        data=DataSection(seq_len=model.seq_len),
+        train=TrainSection(global_batch_size=args.gbs, micro_batch_size=strategy.mbs),
+        parallel=ParallelSection(
+            nproc=cluster.devices_per_node,
+            nodes=cluster.nodes,
+            strategy=strategy.to_string(),
+            cluster=args.cluster if os.path.isfile(args.cluster) else "",
+        ),
+    )
 
 
 def _scorer(calibration: Calibration, runtime: Runtime) -> Scorer | None:
@@ -320,6 +364,28 @@ def _console() -> Console:
     return console if console.is_terminal or "COLUMNS" in os.environ else Console(width=180)
 
 
+def _explain_table(b: dict[str, Any], step: float) -> Table:
+    """The step's terms (they add up to it), then each axis's collectives and overlap."""
+    table = Table(title="where the step goes", box=box.SIMPLE, show_header=False)
+    for name, seconds in b.get("compute_by_class_s", {}).items():
+        table.add_row(f"compute: {name}", _fmt(seconds))
+    for key in ("recompute_s", "contention_s", "bubble_s", "optimizer_s"):
+        table.add_row(key.removesuffix("_s"), _fmt(b.get(key, 0.0)))
+    for axis, seconds in b.get("exposed_comm_s", {}).items():
+        table.add_row(f"exposed {axis}", _fmt(seconds))
+    table.add_row("= step", _fmt(step))
+    table.add_row("runtime profile", b.get("runtime_profile", "-"))
+    for axis, how in b.get("collectives", {}).items():
+        table.add_row(f"{axis} collectives", how)
+    for line in b.get("overlap", []):
+        table.add_row(
+            f"{line['axes']} {line.get('collective', '')} ({line['pass']})".replace("  ", " "),
+            f"{_fmt(line['comm_s'])} s: {_fmt(line['hidden_s'])} hidden behind "
+            f"{line['behind']}, {_fmt(line['exposed_s'])} exposed",
+        )
+    return table
+
+
 def _prediction_table(result: dict[str, Any]) -> Table:
     table = Table(title=f"{result['model']} on {result['devices']} x {result['cluster']}: "
                   f"{result['strategy']}", box=box.SIMPLE, show_header=False)  # fmt: skip
@@ -327,6 +393,8 @@ def _prediction_table(result: dict[str, Any]) -> Table:
         table.add_row(key, f"{result[key]:.4g}")
     table.add_row("fits", "yes" if result["fits"] else f"no: {result['why_not_fits']}")
     for key, value in result["breakdown"].items():
+        if isinstance(value, list):  # what hid behind what: --explain
+            continue
         if isinstance(value, dict):
             key = "memory_gib by term" if key == "memory_gib" else key
             table.add_row(key, ", ".join(f"{k} {_fmt(v)}" for k, v in value.items()) or "-")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import shlex
 import sys
 
+from legato.cli.torchrun import torchrun_command
 from legato.errors import ConfigError
 from legato.parallel.job import AUTO, parse_strategy
 from legato.train.config import (
@@ -140,11 +140,9 @@ def _refuse_other_hosts(config: TrainConfig, config_path: str | None, extra: lis
     if needed <= parallel.nproc or needed % parallel.nproc:
         return
     nodes = needed // parallel.nproc
-    command = shlex.join(
-        ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(parallel.nproc),
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", "HOST:29500", "-m", "legato.cli.main",
-         "train", *([config_path] if config_path else []), *extra]
-    )  # fmt: skip
+    command = torchrun_command(
+        nodes, parallel.nproc, [*([config_path] if config_path else []), *extra]
+    )
     field = "parallel.nodes" if parallel.nodes == nodes else "parallel.strategy"
     raise ConfigError(
         f"{field}: the job runs on {needed} processes ({nodes} hosts x {parallel.nproc}) and "
