@@ -31,8 +31,8 @@ EP_OVER_IB = Strategy(dp=32, tp=2, sp=True, ep=8, zero=1, gbs=64)
 
 def _explained(p) -> float:
     b = p.breakdown
-    terms = b["compute_s"] + b["recompute_s"] + b["bubble_s"] + b["optimizer_s"]
-    return terms + sum(b["exposed_comm_s"].values())
+    terms = b["compute_s"] + b["recompute_s"] + b["contention_s"] + b["bubble_s"]
+    return terms + b["optimizer_s"] + sum(b["exposed_comm_s"].values())
 
 
 def _schedules():

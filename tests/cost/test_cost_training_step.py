@@ -33,7 +33,7 @@ def test_breakdown_explains_the_step(llama8b):
     p = predict(llama8b, cluster, s)
     b = p.breakdown
     total = b["compute_s"] + b["recompute_s"] + b["bubble_s"] + b["optimizer_s"]
-    total += sum(b["exposed_comm_s"].values())
+    total += sum(b["exposed_comm_s"].values()) + b["contention_s"]
     assert total == pytest.approx(p.step_time_s, rel=1e-9)
     assert set(b["memory_gib"]) == {"params", "grads", "optimizer", "activations", "buffers"}
     assert set(b["exposed_comm_s"]) <= set(b["comm_s"])
@@ -65,8 +65,9 @@ def test_more_data_parallel_is_faster_until_communication_dominates():
             steps[name, dp] = predict(spec, cluster, strategy).step_time_s
     for dp in (8, 16):  # NVLink + InfiniBand: twice the devices, about half the step
         assert 0.45 < steps["dgx-a100", 2 * dp] / steps["dgx-a100", dp] < 0.55
-    # One 100 Gb/s NIC for 8 GPUs: leaving the node costs what the extra GPUs save.
-    assert steps["rtx4090-pcie", 16] / steps["rtx4090-pcie", 8] > 0.9
+    # One 100 Gb/s NIC for 8 GPUs: leaving the node costs most of what the extra GPUs save
+    # (at 8 GPUs the PCIe gathers hide, but slow the compute they hide behind).
+    assert steps["rtx4090-pcie", 16] / steps["rtx4090-pcie", 8] > 0.8
 
 
 def test_tensor_parallel_over_pcie_is_slower_than_over_nvlink():
@@ -209,7 +210,7 @@ def test_a_pass_is_never_shorter_than_the_host_takes_to_issue_its_kernels():
 
 def test_runtime_tp_comm_overlap_hides_tensor_parallel_traffic_behind_the_gemms():
     """Megatron/TE comm-GEMM overlap: the same tp traffic, none of it on the critical path
-    while the blocks' GEMMs are longer; the step is shorter by exactly what was exposed."""
+    while the blocks' GEMMs are longer; the step is shorter by what was exposed, less what the hidden traffic slows the GEMMs (contention)."""
     from legato.cost.runtime import Runtime
 
     model, cluster = load_model("llama3-70b"), load_cluster("dgx-a100", nodes=8)
@@ -218,7 +219,9 @@ def test_runtime_tp_comm_overlap_hides_tensor_parallel_traffic_behind_the_gemms(
     assert hidden.breakdown["comm_s"]["tp"] == plain.breakdown["comm_s"]["tp"] > 1.0
     assert "tp" not in hidden.breakdown["exposed_comm_s"]
     exposed = plain.breakdown["exposed_comm_s"]["tp"]
-    assert hidden.step_time_s == pytest.approx(plain.step_time_s - exposed, rel=1e-9)
+    slowed = hidden.breakdown["contention_s"] - plain.breakdown["contention_s"]
+    assert 0 < slowed < exposed  # the GEMMs it hides behind lose the SMs it holds
+    assert hidden.step_time_s == pytest.approx(plain.step_time_s - exposed + slowed, rel=1e-9)
 
 
 def test_runtime_per_microbatch_sync_moves_zero2_traffic_every_micro_batch():

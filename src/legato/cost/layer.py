@@ -60,6 +60,11 @@ class LayerWork:
     attn_bwd_s: float
     comms: tuple[Comm, ...] = field(default=())  # forward (rerun by full recompute)
     bwd_comms: tuple[Comm, ...] = field(default=())  # backward
+    gemm_fwd_s: float = 0.0  # the GEMMs of the forward (op-level recompute reruns some)
+    memory_fwd_s: float = 0.0  # memory-bound elementwise ops of the forward
+    # forward + backward seconds by op class ("gemm", "attention", "memory-bound",
+    # "launch": per-kernel overhead and the host's issue-rate floor); they sum to the passes
+    classes: tuple[tuple[str, float], ...] = field(default=())
 
 
 def head_dims(model: ModelSpec) -> tuple[int, int]:
@@ -196,17 +201,31 @@ def _work(
     ew = device.memory_time(elementwise)
     n_fwd, n_bwd = kernels
     bwd_weight = sum(time(dw) for (_, dw), time in bwd)
-    bwd_input = sum(time(dx) for (dx, _), time in bwd) + attn_bwd + 2 * ew
+    bwd_gemm_input = sum(time(dx) for (dx, _), time in bwd)
+    bwd_input = bwd_gemm_input + attn_bwd + 2 * ew
+    fwd_s = max(fwd + attn_fwd + ew + device.kernels_time(n_fwd), device.launch_floor(n_fwd))
+    bwd_input_s = max(
+        bwd_input + device.kernels_time(n_bwd), device.launch_floor(n_bwd) - bwd_weight
+    )
+    gemm = fwd + bwd_gemm_input + bwd_weight
+    attention = attn_fwd + attn_bwd
+    launch = fwd_s + bwd_input_s + bwd_weight - gemm - attention - 3 * ew
     return LayerWork(
-        fwd_s=max(fwd + attn_fwd + ew + device.kernels_time(n_fwd), device.launch_floor(n_fwd)),
-        bwd_input_s=max(
-            bwd_input + device.kernels_time(n_bwd), device.launch_floor(n_bwd) - bwd_weight
-        ),
+        fwd_s=fwd_s,
+        bwd_input_s=bwd_input_s,
         bwd_weight_s=bwd_weight,
         attn_fwd_s=attn_fwd,
         attn_bwd_s=attn_bwd,
         comms=comms.forward,
         bwd_comms=comms.backward,
+        gemm_fwd_s=fwd,
+        memory_fwd_s=ew,
+        classes=(
+            ("gemm", gemm),
+            ("attention", attention),
+            ("memory-bound", 3 * ew),
+            ("launch", launch),
+        ),
     )
 
 

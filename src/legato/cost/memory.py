@@ -22,7 +22,10 @@ tensor-parallel ranks and ``T = b s / cp`` tokens, a block stores
   stores only the fp32 softmax statistics.
 
 For a GPT layer in fp16 with dropout this is exactly Korthikanti's formula (34 = 10 + 24).
-Selective recompute drops the ``s^2`` terms; full recompute keeps only each block's input
+Selective recompute drops the ``s^2`` terms (Megatron's core-attention recompute; other
+frameworks mean other things by "selective", ``Runtime.selective``: torchtitan's
+op-level policy keeps only the block input, every other matmul's output and the attention
+output, its layer-level policy checkpoints every second block whole); full recompute keeps only each block's input
 (``d T h``, ``/t`` with sequence parallelism) plus one block's full set while it is
 recomputed. Times the micro-batches in flight on the device (``cost.pipeline``).
 """
@@ -102,14 +105,49 @@ def edge_params(model: ModelSpec, strategy: Strategy, first: bool, last: bool) -
 
 @dataclass(frozen=True)
 class ActivationBytes:
-    """Bytes one block stores for one micro-batch, by recompute mode."""
+    """Bytes one block stores for one micro-batch, by recompute mode (``ops``: torchtitan's
+    op-level selective policy)."""
 
     none: float
     selective: float
     full: float
+    ops: float
 
-    def stored(self, recompute: str) -> float:
-        return getattr(self, recompute)
+    def stored(self, recompute: str, selective: str = "attention") -> float:
+        """Kept bytes under ``recompute`` and, for ``selective``, the runtime's policy
+        (``blocks``: every second block kept whole, the others as their input)."""
+        if recompute != "selective":
+            return getattr(self, recompute)
+        if selective == "blocks":
+            return (self.none + self.full) / 2
+        return self.ops if selective == "ops" else self.selective
+
+
+def _block_linears(model: ModelSpec, is_moe: bool) -> list[tuple[float, float, bool]]:
+    """(output width, input width, column-parallel) of a block's matmuls in the order
+    torchtitan's Llama block runs them: wq, wk, wv, wo, then w1, w3, w2 (GeLU: up,
+    down); an MoE block's experts are not matmuls that policy counts."""
+    h, heads, kv = model.hidden_size, model.num_heads, model.num_kv_heads
+    qk, v = head_dims(model)
+    attention = [
+        (heads * qk, h, True),
+        (kv * qk, h, True),
+        (kv * v, h, True),
+        (h, heads * v, False),
+    ]
+    if is_moe:
+        return attention
+    f = model.ffn_hidden_size
+    gated = [(f, h, True)] * (2 if model.mlp == "swiglu" else 1)
+    return [*attention, *gated, (h, f, False)]
+
+
+def ops_recompute_share(model: ModelSpec, is_moe: bool) -> float:
+    """Share of a block's matmul FLOPs that torchtitan's op-level policy recomputes: every
+    second matmul (torchtitan activation_checkpoint: '# Only save every other mm')."""
+    linears = _block_linears(model, is_moe)
+    flops = [out * inp for out, inp, _ in linears]
+    return sum(flops[1::2]) / sum(flops)
 
 
 def block_activations(
@@ -142,7 +180,17 @@ def block_activations(
     else:
         scores = (d + mask * (1 + d)) * b * heads / t * s * s
         selective = kept
-    return ActivationBytes(none=kept + scores, selective=selective, full=d * tokens * h / sp_div)
+    block_input = d * tokens * h / sp_div
+    # op-level policy: the input, every other matmul's output and the attention output
+    # with its statistics (torchtitan _save_list: mm, SDPA); an MoE block's routed part
+    # is kept as Korthikanti's
+    saved = sum(
+        out / (t if column else sp_div) for out, _, column in _block_linears(model, is_moe)[::2]
+    )
+    ops = block_input + d * tokens * saved + d * tokens * heads * v / t + 4 * tokens * heads / t
+    if is_moe:
+        ops += mlp
+    return ActivationBytes(none=kept + scores, selective=selective, full=block_input, ops=ops)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.calibration_rows import mosaicml_rows, vtrain_rows
 from legato.cost.flops import forward_flops, training_step_flops
 from legato.cost.prediction import Prediction
-from legato.cost.runtime import Runtime
+from legato.cost.runtime import Runtime, parse_runtime
 from legato.cost.training_step import predict
 from legato.errors import LegatoError
 from legato.specs.cluster import ClusterSpec
@@ -45,10 +45,13 @@ ASSUMPTIONS = {
     "interleaved with 8 one-layer chunks per device (the paper's first chunk holds only the "
     "embedding, so 126 layers + embedding + head fill 16 x 8 chunks); MBS 1; recompute not reported and the paper "
     "saves memory by stage balancing instead: none; RoCE 400 Gb/s per GPU between nodes",
-    "torchtitan": "FSDP2 full shard = ZeRO-3 with fp32 gradient reduction; eager "
-    "PyTorch elementwise ops (torch.compile was off by default); 'selective "
-    "layer'/'selective op' = selective; fused attention; DGX A100 network",
-    "MosaicML": "FSDP FULL_SHARD = ZeRO-3 (weights re-gathered every micro-batch); "
+    "torchtitan": "FSDP2 full shard = ZeRO-3 under the torchtitan runtime profile (fp32 "
+    "gradient reduction, eager elementwise ops: torch.compile was off by default); "
+    "'selective op' = torchtitan's op-level policy (every other matmul output kept), "
+    "'selective layer' = its layer-level policy (every second block checkpointed); fused "
+    "attention; DGX A100 network",
+    "MosaicML": "FSDP FULL_SHARD = ZeRO-3 (weights re-gathered every micro-batch) under the "
+    "fsdp1 runtime profile; "
     "mixed precision DEFAULT reduces gradients and computes the loss in fp32, PURE in "
     "bf16; fused (flash) attention, no dropout; activation checkpointing = full "
     "recompute; MPT as GPT (GeLU MLP 4d, LayerNorm, tied embeddings); 8 GPUs per node, "
@@ -188,12 +191,15 @@ def build_case(row: dict[str, str]) -> Case:
         runtime, overlap = Runtime(), True
         fields.update(sp=True, zero=2, vpp=8)
     elif family == "torchtitan":
-        runtime = Runtime(fused_elementwise=False, grad_reduce_bytes=4)
+        policy = {"selective op": "ops", "selective layer": "blocks"}.get(recompute, "attention")
+        runtime = parse_runtime({"profile": "torchtitan", "selective": policy})
         overlap = True
         fields["zero"] = 3
     elif family == "MosaicML":  # DEFAULT: fp32 reductions and loss; PURE: both in bf16
         reduced = 4 if row["fsdp_mixed_precision"] == "DEFAULT" else 2
-        runtime = Runtime(grad_reduce_bytes=reduced, loss_bytes=reduced)
+        runtime = parse_runtime(
+            {"profile": "fsdp1", "grad_reduce_bytes": reduced, "loss_bytes": reduced}
+        )
         overlap = True
         fields["zero"] = 3
     elif family == "vTrain":  # Megatron pads the vocabulary to a multiple of 128 x tp

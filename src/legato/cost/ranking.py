@@ -45,6 +45,8 @@ class GroupRanking:
     key: JobKey
     plans: int
     spearman: float | None  # None below three plans (two plans give only +-1)
+    pairs: int  # pairs of plans whose measured throughputs differ
+    pairs_right: int  # of those, pairs the prediction orders the same way
     regret: float  # 1 - measured(predicted best) / measured best
     predicted_best: str  # strategy strings
     measured_best: str
@@ -67,11 +69,14 @@ def rank_groups(results: Sequence[Result], min_plans: int = 2) -> list[GroupRank
         if len(members) >= 3:
             value = float(spearmanr(predicted, measured).statistic)
             rho = None if math.isnan(value) else value  # nan: measured all equal
+        right, pairs = ordered_pairs(predicted, measured)
         rankings.append(
             GroupRanking(
                 key,
                 len(members),
                 rho,
+                pairs,
+                right,
                 1 - pick.measured_tokens_per_s / best.measured_tokens_per_s,
                 pick.case.strategy.to_string(),
                 best.case.strategy.to_string(),
@@ -80,11 +85,27 @@ def rank_groups(results: Sequence[Result], min_plans: int = 2) -> list[GroupRank
     return rankings
 
 
+def ordered_pairs(predicted: Sequence[float], measured: Sequence[float]) -> tuple[int, int]:
+    """(pairs ordered as measured, pairs) over every pair whose measured values differ; a
+    predicted tie counts as wrong (the planner would pick either)."""
+    right = pairs = 0
+    for i in range(len(measured)):
+        for j in range(i):
+            if measured[i] == measured[j]:
+                continue
+            pairs += 1
+            right += (predicted[i] - predicted[j]) * (measured[i] - measured[j]) > 0
+    return right, pairs
+
+
 def summary(rankings: Sequence[GroupRanking]) -> dict[str, float | int]:
     """Median and worst over groups (regret mean too: the expected loss of trusting it)."""
     rhos = sorted(g.spearman for g in rankings if g.spearman is not None)
     regrets = sorted(g.regret for g in rankings)
     out: dict[str, float | int] = {"groups": len(rankings), "ranked_groups": len(rhos)}
+    pairs = sum(g.pairs for g in rankings)
+    if pairs:
+        out.update(pairs=pairs, pairs_right=sum(g.pairs_right for g in rankings) / pairs)
     if rhos:
         out.update(spearman_median=median(rhos), spearman_min=rhos[0])
     if regrets:

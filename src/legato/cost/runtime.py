@@ -6,6 +6,12 @@ dropout, gradients reduced in the training dtype); Megatron-LM of 2021-22 materi
 attention scores and used dropout, which ``Runtime(flash_attention=False, dropout=True)``
 describes; torchtitan-style eager PyTorch (no torch.compile) runs norms, RoPE and SwiGLU
 as separate kernels: ``fused_elementwise=False``.
+
+How a framework moves weights and gradients is part of the runtime too: the unit it
+gathers (a block, or each submodule's parameters), how far it prefetches, its gradient
+buckets, and the share of the SMs its collectives hold while they overlap compute. Named
+framework profiles (``profile=fsdp2``, ``megatron-te``, ``deepspeed-zero``, ...) set these
+fields together (``cost.runtime_profiles``); keys given beside a profile override it.
 """
 
 from __future__ import annotations
@@ -13,12 +19,23 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, get_type_hints
 
+from legato.cost.runtime_profiles import profile_behaviours
 from legato.errors import ConfigError
 from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.typed import FLAG_WORDS, from_dict, key_value_items
 
 DTYPE_BYTES = {name: kind.bytes for name, kind in DTYPE_KINDS.items()}
 HOST_LINK_GBPS = 55.0  # PCIe 5.0 x16, effective GB/s one way per GPU (H100/H800 class)
+# NCCL runs each channel as one CTA resident on an SM for the whole collective (NCCL docs,
+# NCCL_MIN_CTAS / NCCL_MAX_CTAS: "CTAs (channels)"); rings over 8-NIC nodes open 16
+# channels, 16 of an A100's 108 and an H100's 132 SMs: about one eighth, which the GEMMs
+# running beside a collective lose.
+NCCL_SM_SHARE = 0.125
+PARAM_UNITS = ("block", "param")
+# what "selective" recompute keeps: Megatron's core attention (Korthikanti et al.),
+# torchtitan's op-level policy (every other matmul output and attention), or torchtitan's
+# layer-level policy (every second block checkpointed whole)
+SELECTIVE_POLICIES = ("attention", "ops", "blocks")
 
 
 @dataclass(frozen=True)
@@ -41,7 +58,18 @@ class Runtime:
     ``bubble_speedup``: how much faster the busy ranks run while the pipeline bubble idles
     the others, which the bubble's length is divided by: 1 where every rank owns its
     device; above 1 on a host whose processes share cores (more processes than cores),
-    where an idle rank's share of the cores goes to the busy ones."""
+    where an idle rank's share of the cores goes to the busy ones.
+
+    ``profile``: the framework profile these fields came from (empty: none named).
+    ``param_unit``: what ZeRO-3 gathers at once, a whole ``block`` (FSDP) or each
+    submodule's parameters (``param``, DeepSpeed). ``prefetch_units``: gathers issued ahead
+    of the unit computing; ``prefetch_numel`` (when > 0) instead prefetches upcoming units
+    until this many parameters are in flight (DeepSpeed's bucket). ``reduce_bucket_numel``
+    and ``reduce_bucket_per_rank``: gradients are reduced in buckets of ``max(numel,
+    per_rank x ranks)`` parameters as the backward fills them (0: one reduction per unit).
+    ``comm_sm_share``: the share of the SMs a collective holds while it overlaps compute,
+    which that compute loses. ``selective``: what ``recompute=selective`` keeps (see
+    ``SELECTIVE_POLICIES``)."""
 
     flash_attention: bool = True
     dropout: bool = False
@@ -52,6 +80,18 @@ class Runtime:
     tp_comm_overlap: bool = False
     per_microbatch_sync: bool = False
     bubble_speedup: float = 1.0
+    profile: str = ""
+    param_unit: str = "block"
+    prefetch_units: int = 1
+    prefetch_numel: float = 0.0
+    reduce_bucket_numel: float = 0.0
+    reduce_bucket_per_rank: float = 0.0
+    comm_sm_share: float = NCCL_SM_SHARE
+    selective: str = "attention"
+
+    def reduce_bucket(self, ranks: int) -> float:
+        """Parameters per gradient bucket over ``ranks`` (0: one reduction per unit)."""
+        return max(self.reduce_bucket_numel, self.reduce_bucket_per_rank * ranks)
 
 
 @dataclass(frozen=True)
@@ -70,15 +110,24 @@ REDUCED_BYTES = (2, 4)  # bf16/fp16 or fp32 gradient reduction and loss
 
 def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -> Runtime:
     """A Runtime from ``flash_attention=0,dropout=1,grad_reduce_bytes=4,loss_bytes=2,...``
-    (the command line) or a table of those keys (a ``--batch`` line); None or empty: the
-    defaults. ConfigError (one line, naming the key) otherwise."""
+    (the command line) or a table of those keys (a ``--batch`` line); ``profile=NAME``
+    starts from that framework profile's behaviours, which the other keys override. None
+    or empty: the defaults. ConfigError (one line, naming the key) otherwise."""
     if source is None or source == "":
         return Runtime()
     if isinstance(source, str):
         source = _pairs(source, where)
     if not isinstance(source, dict):
         raise ConfigError(f"{where}: expected key=value pairs or a table, got {source!r}")
+    if "profile" in source:
+        name = source["profile"]
+        source = {**profile_behaviours(str(name), where), **source}
     runtime = from_dict(Runtime, source, where, ConfigError)
+    _check(runtime, where)
+    return runtime
+
+
+def _check(runtime: Runtime, where: str) -> None:
     for key in ("grad_reduce_bytes", "loss_bytes"):
         value = getattr(runtime, key)
         if value not in (None, *REDUCED_BYTES):
@@ -87,7 +136,18 @@ def parse_runtime(source: str | dict[str, Any] | None, where: str = "runtime") -
         raise ConfigError(f"{where}.host_link_gbps: must be > 0, got {runtime.host_link_gbps}")
     if not runtime.bubble_speedup >= 1:
         raise ConfigError(f"{where}.bubble_speedup: must be >= 1, got {runtime.bubble_speedup}")
-    return runtime
+    for key, allowed in (("param_unit", PARAM_UNITS), ("selective", SELECTIVE_POLICIES)):
+        if getattr(runtime, key) not in allowed:
+            raise ConfigError(
+                f"{where}.{key}: must be one of {', '.join(allowed)}, got {getattr(runtime, key)!r}"
+            )
+    if runtime.prefetch_units < 1:
+        raise ConfigError(f"{where}.prefetch_units: must be >= 1, got {runtime.prefetch_units}")
+    for key in ("prefetch_numel", "reduce_bucket_numel", "reduce_bucket_per_rank"):
+        if getattr(runtime, key) < 0:
+            raise ConfigError(f"{where}.{key}: must be >= 0, got {getattr(runtime, key)}")
+    if not 0 <= runtime.comm_sm_share < 1:
+        raise ConfigError(f"{where}.comm_sm_share: must be in [0, 1), got {runtime.comm_sm_share}")
 
 
 def _pairs(text: str, where: str) -> dict[str, Any]:
@@ -97,7 +157,9 @@ def _pairs(text: str, where: str) -> dict[str, Any]:
     for key, value in key_value_items(text, kinds, where, ConfigError):
         kind = kinds[key]
         try:
-            if kind is bool:
+            if kind is str:
+                out[key] = value
+            elif kind is bool:
                 if value.lower() not in FLAG_WORDS:
                     raise ValueError
                 out[key] = FLAG_WORDS[value.lower()]

@@ -7,9 +7,11 @@ path, hides context-parallel traffic behind attention, and leaves exposed the pa
 expert-parallel all-to-alls that the strategy's MoE overlap schedule does not hide behind
 the expert GEMMs (``cost.moe_layer_time``). With activation swap each block's saved
 activations cross the host link, hidden behind that block's compute up to the excess
-(``cost.xtuner_terms``), and the device keeps only the blocks in flight. Once per step it
-reduces gradients over the data-parallel ranks and runs the optimizer. ``cost.exposed_comm``
-decides what stays exposed.
+(``cost.xtuner_terms``), and the device keeps only the blocks in flight. Its data-parallel
+gathers and reductions run unit by unit as its framework issues them
+(``cost.data_parallel``); once per step it runs the optimizer. ``cost.exposed_comm``
+decides what stays exposed, and what hides behind compute slows that compute by the SMs
+the collective holds (``Runtime.comm_sm_share``: ``contention``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 from legato.cost.calibration import Calibration
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel
+from legato.cost.data_parallel import Piece, dp_traffic, linear_shares
 from legato.cost.exposed_comm import Traffic, exposed_seconds
 from legato.cost.layer import Comm, LayerWork, edge_work, layer_work
 from legato.cost.memory import (
@@ -28,9 +31,8 @@ from legato.cost.memory import (
     block_params,
     comm_buffer_bytes,
     edge_params,
-    grad_bytes,
     model_states,
-    state_bytes,
+    ops_recompute_share,
 )
 from legato.cost.mesh import Axis, mesh_axes
 from legato.cost.moe_layer_time import EPExposure, ep_exposure
@@ -71,6 +73,10 @@ class StageStep:
     comm_step: dict[str, float]  # all traffic of the step, by axis
     exposed_step: dict[str, float]  # exposed once-per-step traffic (data parallel)
     optimizer_s: float
+    contention_mb: float = 0.0  # compute slowed by hidden per-micro-batch traffic (in t_f, t_b)
+    contention_step: float = 0.0  # compute slowed by hidden data-parallel traffic
+    classes_mb: dict[str, float] | None = None  # compute_mb by op class
+    overlap: tuple[dict, ...] = ()  # what hid behind what, per traffic kind
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,7 @@ class Context:
     stored: dict[bool, tuple[float, float]]  # one block's activations: kept, all (recompute)
     ep: EPExposure | None  # one MoE layer's all-to-alls when ep > 1
     overlap: bool
+    shares: dict[str, list[float]]  # a block's units under the runtime (DeepSpeed: linears)
 
     @classmethod
     def build(
@@ -119,6 +126,7 @@ class Context:
             stored={k: block_stored(model, k, strategy, fp8, runtime) for k in kinds},
             ep=ep,
             overlap=overlap,
+            shares=_unit_shares(model, kinds, runtime),
         )
 
     def comm_seconds(self, comms: tuple[Comm, ...]) -> dict[str, float]:
@@ -132,6 +140,32 @@ class Context:
     def collective(self, kind: str, nbytes: float, axis: str) -> float:
         a = self.axes[axis]
         return collective_time(kind, nbytes, a.size, a.link(kind), self.device.profile)
+
+
+def _unit_shares(
+    model: ModelSpec, kinds: dict[bool, int], runtime: Runtime
+) -> dict[str, list[float]]:
+    """How the runtime splits a dense and an MoE block into gathered units."""
+    if runtime.param_unit == "block":
+        return {}
+    return {("moe" if k else "dense"): linear_shares(model, layer) for k, layer in kinds.items()}
+
+
+def block_recompute(ctx: Context, w: LayerWork, is_moe: bool) -> float:
+    """Seconds one block's backward spends recomputing its forward: all of it (full), its
+    attention core (Megatron's selective), the matmuls torchtitan's op-level policy does
+    not keep and every elementwise op (``ops``), or every second block whole (``blocks``)."""
+    s = ctx.strategy
+    if s.recompute == "full":
+        return w.fwd_s
+    if s.recompute != "selective":
+        return 0.0
+    policy = ctx.runtime.selective
+    if policy == "blocks":
+        return w.fwd_s / 2
+    if policy == "ops":
+        return w.gemm_fwd_s * ops_recompute_share(ctx.model, is_moe) + w.memory_fwd_s
+    return w.attn_fwd_s
 
 
 def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
@@ -176,12 +210,8 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
     bwd_w = edge.bwd_weight_s + sum(w.bwd_weight_s * n for w, n in counts)
     bwd = edge.bwd_input_s + bwd_w + sum(w.bwd_input_s * n for w, n in counts)
     full = s.recompute == "full"
-    if full:
-        recompute = sum(w.fwd_s * n for w, n in counts)
-    elif s.recompute == "selective":
-        recompute = sum(w.attn_fwd_s * n for w, n in counts)
-    else:
-        recompute = 0.0
+    kinds = [(k, ctx.works[k], n) for k, n in ((False, stage.dense), (True, stage.moe)) if n]
+    recompute = sum(block_recompute(ctx, w, k) * n for k, w, n in kinds)
 
     # Per micro-batch: traffic per axis (forward + backward + recomputed forward) and the
     # compute the overlappable axes hide behind.
@@ -223,17 +253,22 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         for axis, t in comm.items()
     ]
     held = _held(ctx, stage)
-    layers = max(1, stage.dense + stage.moe)
-    traffic += _dp_traffic(ctx, held, fwd, bwd + recompute, layers)
+    dp = dp_traffic(ctx, _pieces(ctx, stage), ctx.shares)
+    traffic += dp.traffic
     exposed = exposed_seconds(traffic, span=m * (fwd + bwd + recompute))
     exposed_mb = {axis: exposed[axis] / m for axis in comm}
+    hidden_mb = sum(
+        max(0.0, x.seconds - exposed[x.axis]) / m for x in traffic if x.axis in comm and x.window
+    )
+    share = ctx.runtime.comm_sm_share
+    contention_mb = hidden_mb * share / (1 - share)
     comm_step = {x.axis: x.seconds for x in traffic}
     if ep_total:
         comm_step["ep"] = m * ep_total  # all of it; only the exposed part is in ``comm``
     if s.swap:
         copies, exposed_mb["host"] = _swap_seconds(ctx, stage, full)
         comm_step["host"] = m * copies
-    critical = sum(exposed_mb.values())
+    critical = sum(exposed_mb.values()) + contention_mb
     owned = held.total if s.zero == 0 else held.sharded(s)  # the optimizer updates these
     return StageStep(
         t_f=fwd + critical / 2,
@@ -245,7 +280,51 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         comm_step=comm_step,
         exposed_step={a: exposed[a] for a in ("dp", "edp") if a in exposed},
         optimizer_s=ctx.device.memory_time(owned * ctx.calibration.optimizer_bytes_per_param),
+        contention_mb=contention_mb,
+        contention_step=dp.contention_s,
+        classes_mb=_classes(edge, counts, fwd + bwd),
+        overlap=tuple(dp.overlap),
     )
+
+
+def _classes(edge: LayerWork, counts: list[tuple[LayerWork, int]], total: float) -> dict:
+    """One micro-batch's compute by op class; MoE's expert-parallel GEMM-splitting extra
+    (what is left of ``total``) is counted as GEMM time."""
+    out: dict[str, float] = {}
+    for work, n in [(edge, 1), *counts]:
+        for name, seconds in work.classes:
+            out[name] = out.get(name, 0.0) + n * seconds
+    out["gemm"] = out.get("gemm", 0.0) + total - sum(out.values())
+    return out
+
+
+def _pieces(ctx: Context, stage: Stage) -> list[Piece]:
+    """The device's model in forward order for its data-parallel traffic: the embedding,
+    the blocks (dense, then MoE), the LM head."""
+    s, model = ctx.strategy, ctx.model
+    pieces = []
+    if stage.first:
+        e = edge_work(model, s, ctx.device, True, False, ctx.runtime)
+        params = edge_params(model, s, True, False)
+        pieces.append(
+            Piece(DeviceParams(params, 0.0), e.fwd_s, e.bwd_input_s + e.bwd_weight_s, "edge")
+        )
+    for is_moe, n in ((False, stage.dense), (True, stage.moe)):
+        w = ctx.works.get(is_moe)
+        if w is None or n == 0:
+            continue
+        bwd = w.bwd_input_s + w.bwd_weight_s + block_recompute(ctx, w, is_moe)
+        kind = "moe" if is_moe else "dense"
+        pieces += [Piece(ctx.blocks[is_moe], w.fwd_s, bwd, kind)] * n
+    if stage.last:
+        e = edge_work(model, s, ctx.device, False, True, ctx.runtime)
+        params = edge_params(model, s, stage.first, True) - edge_params(
+            model, s, stage.first, False
+        )
+        pieces.append(
+            Piece(DeviceParams(params, 0.0), e.fwd_s, e.bwd_input_s + e.bwd_weight_s, "edge")
+        )
+    return pieces
 
 
 def _swap_seconds(ctx: Context, stage: Stage, full: bool) -> tuple[float, float]:
@@ -261,45 +340,6 @@ def _swap_seconds(ctx: Context, stage: Stage, full: bool) -> tuple[float, float]
         exposed += swap_traffic(stored, w.fwd_s, n, gbps, backward).exposed_s
         copies += 2 * n * stored / (gbps * 1e9)
     return copies, exposed if ctx.overlap else copies
-
-
-def _dp_traffic(
-    ctx: Context, held: DeviceParams, fwd: float, bwd: float, layers: int
-) -> list[Traffic]:
-    """Gradient reduction (and ZeRO weight gathers) per step on the dp and edp axes.
-
-    ZeRO-0 all-reduces gradients behind one micro-batch's backward (the last bucket
-    cannot hide); ZeRO-1/2 reduce-scatter them there and all-gather the updated weights
-    behind the next step's first forward (every micro-batch's forward and backward with
-    ``Runtime.per_microbatch_sync``, FSDP1's SHARD_GRAD_OP); ZeRO-3 gathers weights
-    before every forward and backward and reduce-scatters gradients after every backward,
-    hiding behind all of them except the first gather and the last reduction.
-    """
-    s, m = ctx.strategy, ctx.strategy.num_microbatches
-    w_bytes = state_bytes(s.dtype).weights
-    g_bytes = grad_bytes(s, ctx.runtime)
-    out = []
-    # without expert parallelism the experts are replicated like the rest: reduced over dp
-    parts = (("dp", held.dense), ("edp", held.experts)) if s.ep > 1 else (("dp", held.total),)
-    for axis, n in parts:
-        if axis not in ctx.axes or ctx.axes[axis].size == 1 or n == 0:
-            continue
-        reduce = ctx.collective("reduce_scatter", n * g_bytes, axis)
-        gather = ctx.collective("all_gather", n * w_bytes, axis)
-        if s.zero == 0:
-            seconds = ctx.collective("all_reduce", n * g_bytes, axis)
-            window, tail = bwd, seconds / layers
-        elif s.zero in (1, 2) and ctx.runtime.per_microbatch_sync:  # FSDP1 SHARD_GRAD_OP
-            seconds, window, tail = m * (reduce + gather), m * (fwd + bwd), reduce / layers
-        elif s.zero in (1, 2):
-            seconds, window, tail = reduce + gather, bwd + fwd, reduce / layers
-        else:
-            seconds, window = m * (2 * gather + reduce), m * (fwd + bwd)
-            tail = (gather + reduce) / layers
-        if not ctx.overlap:
-            window = tail = 0.0
-        out.append(Traffic(axis, ctx.axes[axis].level.name, seconds, window, tail))
-    return out
 
 
 def stage_memory(ctx: Context, stage: Stage, index: int) -> MemoryBreakdown:
@@ -319,6 +359,8 @@ def stage_memory(ctx: Context, stage: Stage, index: int) -> MemoryBreakdown:
         stored += [kept] * n
         if s.recompute == "full":
             working = max(working, everything)
+        elif s.recompute == "selective" and ctx.runtime.selective != "attention":
+            working = max(working, everything - kept)  # one block's recomputed ops
     activations = in_flight * sum(stored)
     host = 0.0
     if s.swap:  # only the blocks in flight stay; the rest of every micro-batch is on host

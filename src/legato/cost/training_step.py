@@ -4,7 +4,12 @@ The step is the pipeline schedule's closed form (``cost.pipeline``) over the slo
 device's per-micro-batch forward and backward (``cost.stage``: compute, recompute,
 critical and exposed communication), plus the exposed data-parallel traffic and the
 optimizer step of the device where they are largest. So that the terms explain the step:
-``step_time_s = compute_s + recompute_s + sum(exposed_comm_s) + bubble_s + optimizer_s``.
+``step_time_s = compute_s + recompute_s + contention_s + sum(exposed_comm_s) + bubble_s +
+optimizer_s``, ``contention_s`` being what hidden communication slows the compute it hides
+behind (``Runtime.comm_sm_share``). ``breakdown["compute_by_class_s"]`` splits
+``compute_s`` by op class, ``breakdown["overlap"]`` says what each kind of traffic hid
+behind and what it left exposed, ``breakdown["collectives"]`` how each axis's collectives
+run.
 
 Device techniques of the strategy enter as their own terms: the expert-parallel axis
 ``ep`` carries what the MoE overlap schedule leaves exposed (``breakdown["moe_overlap"]``
@@ -22,6 +27,7 @@ from typing import Any
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.flops import training_step_flops
 from legato.cost.memory import GIB, TERMS, MemoryBreakdown
+from legato.cost.mesh import Axis
 from legato.cost.moe_layer_time import MoETime
 from legato.cost.pipeline import pipeline_time
 from legato.cost.prediction import Prediction
@@ -74,9 +80,13 @@ def predict(
         strategy.memory_cap,
     )
     bubble = pipe.bubble_s / ctx.runtime.bubble_speedup
-    dp_device = max(steps.values(), key=lambda x: sum(x.exposed_step.values()) + x.optimizer_s)
+    dp_device = max(
+        steps.values(),
+        key=lambda x: sum(x.exposed_step.values()) + x.optimizer_s + x.contention_step,
+    )
     step = pipe.total_s - pipe.bubble_s + bubble
     step += sum(dp_device.exposed_step.values()) + dp_device.optimizer_s
+    step += dp_device.contention_step
 
     exposed = {axis: m * t for axis, t in slowest.exposed_mb.items()}
     exposed.update(dp_device.exposed_step)
@@ -95,6 +105,7 @@ def predict(
     breakdown = {
         "compute_s": m * slowest.compute_mb,
         "recompute_s": m * slowest.recompute_mb,
+        "contention_s": m * slowest.contention_mb + dp_device.contention_step,
         "bubble_s": bubble,
         "optimizer_s": dp_device.optimizer_s,
         "exposed_comm_s": {axis: t for axis, t in exposed.items() if t > 0},
@@ -103,6 +114,10 @@ def predict(
         "memory_stage": memory.stage,
         "microbatches": m,
         "levels": {a: x.level.name for a, x in ctx.axes.items() if x.size > 1},
+        "compute_by_class_s": {k: m * v for k, v in (slowest.classes_mb or {}).items()},
+        "overlap": [*_overlap_lines(slowest, m), *dp_device.overlap],
+        "collectives": {a: _algorithm(x) for a, x in ctx.axes.items() if x.size > 1},
+        "runtime_profile": ctx.runtime.profile or "none (defaults)",
     }
     if ctx.ep is not None:
         breakdown["moe_overlap"] = _moe_overlap_terms(ctx.ep.timed, ctx.ep.plain)
@@ -122,6 +137,32 @@ def predict(
         why_not_fits="" if fits else _why_not_fits(memory, capacity),
         breakdown=breakdown,
     )
+
+
+def _overlap_lines(step: StageStep, m: int) -> list[dict[str, Any]]:
+    """Per-micro-batch traffic of the slowest device: what is exposed of it (tensor and
+    pipeline traffic is on the critical path unless the runtime overlaps it)."""
+    lines = []
+    for axis, exposed in step.exposed_mb.items():
+        total = step.comm_step.get(axis, 0.0)
+        if total <= 0 or axis == "host":
+            continue
+        lines.append({
+            "axes": axis, "pass": "every micro-batch", "comm_s": total,
+            "hidden_s": max(0.0, total - m * exposed), "exposed_s": m * exposed,
+            "behind": "the same micro-batch's compute" if total > m * exposed
+            else "nothing: on the critical path",
+        })  # fmt: skip
+    return lines
+
+
+def _algorithm(axis: Axis) -> str:
+    """How an axis's collectives run: a ring over its slowest link, hierarchical when the
+    group spans several devices of each domain below it (``cost.mesh``)."""
+    if axis.name == "pp":
+        return f"point-to-point over {axis.level.name}"
+    ring = "hierarchical ring" if axis.ring != axis.level else "ring"
+    return f"{ring} over {axis.level.name} ({axis.ring.bandwidth_gbps:g} GB/s per device)"
 
 
 def _moe_overlap_terms(timed: MoETime, plain: MoETime) -> dict[str, Any]:

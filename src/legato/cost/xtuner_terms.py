@@ -147,7 +147,7 @@ def block_stored(
     if fp8:
         tokens = strategy.mbs * model.seq_len / strategy.cp
         saving = fp8_activation_saving(model, is_moe, tokens, strategy.tp, strategy.sp)
-    stored = acts.stored(strategy.recompute)
+    stored = acts.stored(strategy.recompute, runtime.selective)
     if strategy.recompute != "full":
         stored -= saving
     return stored, acts.none - saving
