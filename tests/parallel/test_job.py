@@ -87,8 +87,8 @@ def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices
 
 
 CONFIG_ERRORS = [
-    ("etp=2", "parallel.strategy: etp=2: expert tensor parallelism is not executed"),
-    ("dtype=fp16", "parallel.strategy: dtype=fp16 is priced by the planner but not trained"),
+    ("etp=2", "parallel.strategy: etp=2: expert tensor parallelism (each expert's GEMMs"),
+    ("dtype=fp16", "parallel.strategy: dtype=fp16: fp16 training needs dynamic loss scaling"),
     ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
     ("pp=x", "parallel.strategy: strategy.pp must be an integer"),
     ("pp=2,schedule=fast", "parallel.strategy: strategy.schedule must be one of"),
@@ -112,7 +112,7 @@ RESOLVE_ERRORS = [
     ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
     ("pp=2,schedule=zb-h1,recompute=full", 2, StrategyError, "recompute=full with zb-h1"),
     ("pp=2,cp=2,schedule=seq1f1b,slices=2", 4, StrategyError, "runs with slices=1 only"),
-    ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap yet"),
+    ("tp=2,swap=1", 2, StrategyError, "tp=2 is not executed for swap"),
 ]
 
 
@@ -160,21 +160,17 @@ def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank()
 def test_two_dimensional_tensor_parallel_refuses_block_math_its_layout_lacks() -> None:
     config = load_config(None, ["--parallel.strategy=tp=2x2,sp=1"])
     assert config.job(SPEC, 4).strategy.tp_y == 2
-    with pytest.raises(StrategyError, match=r"2-D tensor parallelism \(tp_y > 1\) of biases"):
+    with pytest.raises(StrategyError, match=r"2-D tensor parallelism \(tp_y > 1\) of MoE layers, MLA, biases"):
         config.job(replace(SPEC, bias=True), 4)
 
 
 @pytest.mark.parametrize(
-    ("change", "message"),
-    [
-        ({"tied_embeddings": True}, "not executed for tied_embeddings yet; use tp=1"),
-        ({"position": "learned"}, "not executed for position = 'learned' with sp"),
-    ],
+    "change",
+    [{"tied_embeddings": True}, {"position": "learned", "norm": "layernorm", "bias": True}],
 )
-def test_tensor_parallel_refuses_what_it_does_not_split(change: dict, message: str) -> None:
+def test_tensor_parallel_lays_out_every_dense_family(change: dict) -> None:
     config = load_config(None, ["--parallel.strategy=tp=2,sp=1"])
-    with pytest.raises(StrategyError, match=message):
-        config.job(replace(SPEC, **change), 2)
+    assert config.job(replace(SPEC, **change), 2).strategy.tp == 2
 
 
 @pytest.mark.parametrize(
@@ -200,7 +196,7 @@ def test_interleaved_needs_whole_rounds_of_micro_batches() -> None:
     ("strategy", "message"),
     [
         ("pp=3", "must equal the device count 2"),
-        ("etp=2", "etp=2: expert tensor parallelism is not executed"),
+        ("etp=2", "etp=2: expert tensor parallelism (each expert's GEMMs split over tp)"),
         ("pp=2,schedule=svpp,slices=2,memory_cap=1", "below the dependency floor"),
     ],
 )

@@ -46,6 +46,7 @@ from legato.errors import ConfigError
 from legato.schedule import Schedule, ScheduleError, build_schedule, token_bounds
 from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.model import ModelSpec
+from legato.specs.priced_keys import KEYS, refused_reason
 from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -57,13 +58,9 @@ OWNED_BY_TRAIN = {
     "gbs": "train.global_batch_size",
     "dtype": "train.dtype",
 }
-# strategy dtype -> the trained dtype it means (fp16 is priced by the planner, not trained)
+# strategy dtype -> the trained dtype it means (fp16: refused, see specs.priced_keys)
 TRAINED_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
 PIPELINE_ONLY = ("vpp", "schedule", "slices", "memory_cap")
-# Keys the planner prices that the runtime refuses (with the reason), until it runs them.
-NOT_EXECUTED: dict[str, str] = {
-    "etp": "expert tensor parallelism is not executed yet; use etp=1",
-}
 
 
 def given_keys(text: str) -> list[str]:
@@ -79,9 +76,11 @@ def parse_strategy(text: str) -> Strategy:
     except StrategyError as exc:
         raise ConfigError(f"{FIELD}: {exc}") from None
     default = Strategy()
-    for key, why in NOT_EXECUTED.items():
-        if getattr(strategy, key) != getattr(default, key):
-            raise ConfigError(f"{FIELD}: {key}={getattr(strategy, key)}: {why}")
+    for key in KEYS:  # the priced keys' table says which values the runtime refuses
+        value = getattr(strategy, key)
+        why = refused_reason(key, value, getattr(default, key))
+        if why:
+            raise ConfigError(f"{FIELD}: {key}={value}: {why}")
     keys = given_keys(text)
     pipeline_options = [
         k
@@ -90,11 +89,6 @@ def parse_strategy(text: str) -> Strategy:
     ]
     if strategy.pp == 1 and pipeline_options:
         raise ConfigError(f"{FIELD}: {', '.join(pipeline_options)} need pp > 1, got {text!r}")
-    if strategy.dtype not in TRAINED_DTYPE:
-        raise ConfigError(
-            f"{FIELD}: dtype={strategy.dtype} is priced by the planner but not trained; "
-            f"allowed {', '.join(TRAINED_DTYPE)}"
-        )
     return strategy
 
 
@@ -289,17 +283,21 @@ def _folded(schedule: Schedule) -> bool:
 
 
 def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
-    """StrategyError naming what of ``spec`` the tensor-parallel applier cannot split."""
+    """StrategyError naming what of ``spec`` the tensor-parallel appliers cannot split."""
     if strategy.tp == 1:
         return
+    two_d = strategy.tp_y > 1
     refused = {
-        "a MoE model (the experts would need etp)": spec.is_moe,
-        "MLA attention": spec.mla is not None,
-        "tied_embeddings": spec.tied_embeddings,
-        "position = 'learned' with sp": spec.position == "learned" and strategy.sp,
-        "2-D tensor parallelism (tp_y > 1) of biases, qk_norm, LayerNorm or learned "
-        "positions": strategy.tp_y > 1
-        and (spec.bias or spec.qk_norm or spec.norm != "rmsnorm" or spec.position != "rope"),
+        "2-D tensor parallelism (tp_y > 1) of MoE layers, MLA, biases, qk_norm, LayerNorm "
+        "or learned positions (the planner's 2-D layout covers Llama dense blocks)": two_d
+        and (
+            spec.is_moe
+            or spec.mla is not None
+            or spec.bias
+            or spec.qk_norm
+            or spec.norm != "rmsnorm"
+            or spec.position != "rope"
+        ),
         "dtype=fp8": strategy.dtype == "fp8",
         "swap": strategy.swap,
         "loss_chunk > 0": strategy.loss_chunk > 0,
@@ -307,7 +305,7 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
     why = [name for name, hit in refused.items() if hit]
     if why:
         raise StrategyError(
-            f"strategy.tp: tp={strategy.tp} is not executed for {', '.join(why)} yet; "
+            f"strategy.tp: tp={strategy.tp} is not executed for {', '.join(why)}; "
             f"use tp=1 (dp, cp, pp and zero run every model)"
         )
 

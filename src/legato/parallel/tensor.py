@@ -14,16 +14,15 @@ trainer runs the collectives the cost model counted. Around the blocks:
   the ``[tokens x V]`` logits are never gathered on one rank.
 
 Ranks of one tp group read the same rows (``dp_rank`` ignores tp) and count their label
-tokens once. What is refused (``job.check_tensor_parallel``, before any process starts) is
-what this applier does not lay out: MoE blocks (the experts would need ``etp``), MLA's
-low-rank projections, tied embeddings, learned positions with ``sp``.
+tokens once. MoE layers, MLA, tied embeddings, learned positions and qk-norm are laid out
+by ``tensor_families`` from the same dense plan.
 """
 
 from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -35,7 +34,13 @@ from torch.distributed.tensor.parallel import (
 
 from legato.parallel.mesh import submesh
 from legato.parallel.pipeline.stages import StageModule
-from legato.parallel.tensor_parallel import apply_tensor_parallel
+from legato.parallel.tensor_families import (
+    apply_sequence_split_positions,
+    apply_tied_head,
+    family_plan,
+    finish_block,
+)
+from legato.parallel.tensor_parallel import tensor_parallel_plan
 from legato.plan.sbp_layout import PartLayout, part_layout
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
@@ -55,15 +60,22 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     ``loss_parallel()``. A stage holds the embedding, the final norm and the LM head only
     where it is the first or the last one."""
     tp_mesh = submesh(mesh, "tp")
-    layout = block_layout(model.spec, strategy)
+    dense = tensor_parallel_plan(block_layout(model.spec, strategy))
+    replicated = tensor_parallel_plan(block_layout(model.spec, Strategy(tp=strategy.tp)))
     for block in model.blocks:
-        apply_tensor_parallel(block, tp_mesh, layout)
+        parallelize_module(block, tp_mesh, family_plan(block, dense, replicated, strategy.sp))
+        finish_block(block, tp_mesh)
     stream = Shard(1) if strategy.sp else Replicate()  # the residual stream between blocks
     decoder = getattr(model, "model", model)  # a Transformer's decoder, or the stage itself
+    vocabulary = RowwiseParallel(
+        input_layouts=Replicate(), output_layouts=stream, use_local_output=not strategy.sp
+    )
+    tied = getattr(model, "output_embedding", None)  # a last stage's tied embedding
+    if tied is not None and isinstance(tied.weight, DTensor):  # laid out with the first stage
+        tied = None
     ends = [
-        (decoder.embed_tokens, RowwiseParallel(
-            input_layouts=Replicate(), output_layouts=stream, use_local_output=not strategy.sp
-        )),
+        (decoder.embed_tokens, vocabulary),
+        (tied if tied is not decoder.embed_tokens else None, vocabulary),
         (model.lm_head, ColwiseParallel(
             input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
         )),
@@ -72,6 +84,10 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     for module, style in ends:
         if module is not None:
             parallelize_module(module, tp_mesh, style)
+    if model.spec.tied_embeddings and decoder.norm is not None:
+        apply_tied_head(decoder.norm, tp_mesh, stream)
+    if strategy.sp and decoder.embed_positions is not None:
+        apply_sequence_split_positions(decoder.embed_positions, tp_mesh)
     if strategy.sp and isinstance(model, StageModule):
         _cut_stream_at_stage_edges(model, tp_mesh)
 

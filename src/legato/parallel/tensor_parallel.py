@@ -44,6 +44,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from legato.models.rope import apply_rope
+from legato.parallel.tensor_families import finish_block
 from legato.plan.placements import Collective, Partial, Placement, Shard, collective_bytes
 from legato.plan.sbp_layout import PartLayout, PlacedOp, read_gradients
 from legato.specs.model import ModelSpec
@@ -112,11 +113,8 @@ def apply_tensor_parallel(block: nn.Module, mesh: DeviceMesh, layout: PartLayout
     """Shard a reference :class:`~legato.models.Block` in place by a 1-D dense layout on
     ``mesh`` (one dimension, named ``tp``). With sequence parallelism the block takes and
     returns sequence-split DTensors; without, plain replicated tensors."""
-    tp = layout.strategy.tp
     parallelize_module(block, mesh, tensor_parallel_plan(layout))
-    attn = block.self_attn
-    attn.num_heads //= tp  # each rank's projections hold its share of the heads
-    attn.num_kv_heads //= tp
+    finish_block(block, mesh)  # each rank's projections hold its share of the heads
     return block
 
 

@@ -1,0 +1,81 @@
+"""The strategy keys the cost model prices, as data: what turns each on, and what of it
+``legato train`` refuses, with the reason.
+
+One table, in the lowest layer (no torch), read by every level that must agree on it: the
+runtime's checks (``parallel.job`` refuses a key value listed here with its reason, before
+any process starts), the tests (``tests/distributed/test_strategy_coverage.py`` trains
+every example on every model family it applies to and compares with one process;
+``tests/parallel/test_priced_keys.py`` resolves every pair of examples), and a check that
+every field of ``Strategy`` has its row, so a key the planner learns to price is a key the
+runtime and its tests see.
+
+``examples``: strategy strings that turn the key on over 2 processes (4 for ``tp=2x2``),
+with no other key than those the example needs. ``needs_moe``: the key only means
+something on an MoE model. ``refused_values``: values ``legato train`` does not run
+(empty with a ``refused`` reason: every value but the default).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class PricedKey:
+    key: str
+    examples: tuple[str, ...]
+    needs_moe: bool = False
+    refused: str = ""
+    refused_values: tuple[str, ...] = ()
+
+
+PRICED_KEYS: tuple[PricedKey, ...] = (
+    PricedKey("dp", ("dp=2",)),
+    PricedKey("zero", ("zero=0", "zero=1", "zero=2", "zero=3")),
+    PricedKey("tp", ("tp=2",)),
+    PricedKey("sp", ("tp=2,sp=1",)),
+    PricedKey("tp_y", ("tp=2x2",)),
+    PricedKey("cp", ("cp=2",)),
+    PricedKey("pp", ("pp=2",)),
+    PricedKey(
+        "schedule",
+        ("pp=2,schedule=gpipe", "pp=2,schedule=zb-h1", "pp=2,schedule=zb-2p", "pp=2,schedule=zb-v"),
+    ),
+    PricedKey("vpp", ("pp=2,schedule=interleaved,vpp=2",)),
+    PricedKey("slices", ("pp=2,schedule=seq1f1b,slices=2",)),
+    PricedKey("memory_cap", ("pp=2,schedule=svpp,slices=2,memory_cap=4",)),
+    PricedKey("ep", ("ep=2",), needs_moe=True),
+    PricedKey("moe_overlap", ("ep=2,moe_overlap=domino,moe_chunks=2",), needs_moe=True),
+    PricedKey("moe_chunks", ("ep=2,moe_overlap=comet,moe_chunks=2",), needs_moe=True),
+    PricedKey("moe_groups", ("ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2",), needs_moe=True),
+    PricedKey(
+        "etp",
+        ("tp=2,etp=2",),
+        needs_moe=True,
+        refused="expert tensor parallelism (each expert's GEMMs split over tp) is not run: "
+        "under tp the experts are replicated over the tp ranks (etp=1) or sharded by ep",
+    ),
+    PricedKey("recompute", ("recompute=selective", "recompute=full")),
+    PricedKey("swap", ("swap=1",)),
+    PricedKey("loss_chunk", ("loss_chunk=32",)),
+    PricedKey(
+        "dtype",
+        ("dtype=bf16", "dtype=fp8"),
+        refused="fp16 training needs dynamic loss scaling, which legato does not run: "
+        "bf16 has fp32's exponent range and trains the same models without it "
+        "(the planner prices fp16 for devices without bf16)",
+        refused_values=("fp16",),
+    ),
+    PricedKey("mbs", ("mbs=2",)),
+    PricedKey("gbs", ("gbs=8",)),
+)
+KEYS: dict[str, PricedKey] = {row.key: row for row in PRICED_KEYS}
+
+
+def refused_reason(key: str, value: object, default: object) -> str:
+    """Why ``legato train`` does not run ``key=value``; '' where it does."""
+    row = KEYS[key]
+    if not row.refused or value == default:
+        return ""
+    hit = str(value) in row.refused_values if row.refused_values else True
+    return row.refused if hit else ""
