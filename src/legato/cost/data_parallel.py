@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from legato.cost.exposed_comm import Traffic
@@ -82,18 +83,18 @@ def dp_traffic(ctx: Any, pieces: Sequence[Piece], shares: dict[str, list[float]]
     ]
     owned = {a: [_on_axis(u[0], a, s.ep > 1) for u in units] for a in axes}
     w_bytes, g_bytes = state_bytes(s.dtype).weights, grad_bytes(s, runtime)
-    gather = [sum(ctx.collective("all_gather", owned[a][i] * w_bytes, a) for a in axes)
-              for i in range(len(units))]  # fmt: skip
+    # a device's blocks are alike: price each distinct collective once (the planner
+    # scores thousands of candidates of a hundred blocks each)
+    collective = cache(ctx.collective)
     reduce_kind = "all_reduce" if s.zero == 0 else "reduce_scatter"
-    reduced = {
+    reduced = {  # backward order
         a: bucket_ends(owned[a][::-1], runtime.reduce_bucket(ctx.axes[a].size)) for a in axes
-    }  # fmt: skip, backward order
-    reduce = [
-        sum(ctx.collective(reduce_kind, reduced[a][i] * g_bytes, a) for a in axes)
-        for i in range(len(units))
-    ]  # fmt: skip, backward order
-    per_axis = {a: _axis_seconds(ctx, a, owned[a], reduced[a], w_bytes, g_bytes, reduce_kind)
-                for a in axes}  # fmt: skip
+    }
+    gathers = {a: [collective("all_gather", n * w_bytes, a) for n in owned[a]] for a in axes}
+    reduces = {a: [collective(reduce_kind, n * g_bytes, a) for n in reduced[a]] for a in axes}
+    gather = [sum(gathers[a][i] for a in axes) for i in range(len(units))]
+    reduce = [sum(reduces[a][i] for a in axes) for i in range(len(units))]  # backward order
+    per_axis = {a: sum(gathers[a]) + sum(reduces[a]) for a in axes}
     backward_gathers = gather[::-1] if s.zero == 3 else [0.0] * len(units)
     passes = {
         "forward": [Unit(u[1], g if s.zero else 0.0, 0.0, u[0].total)
@@ -135,12 +136,6 @@ def _on_axis(params: DeviceParams, axis: str, expert_axis: bool) -> float:
     if axis == "edp":
         return params.experts
     return params.dense if expert_axis else params.total
-
-
-def _axis_seconds(ctx, axis, owned, reduced, w_bytes, g_bytes, reduce_kind) -> float:
-    """One axis's share of a step's traffic, for splitting the exposed time by axis."""
-    gather = sum(ctx.collective("all_gather", n * w_bytes, axis) for n in owned)
-    return gather + sum(ctx.collective(reduce_kind, n * g_bytes, axis) for n in reduced)
 
 
 def _proportions(seconds: dict[str, float]) -> dict[str, float]:
