@@ -70,7 +70,9 @@ def _add_target(parser: argparse.ArgumentParser, required: bool) -> None:
     parser.add_argument(
         "--runtime",
         metavar="KEY=VALUE,...",
-        help="how the kernels and framework behave: flash_attention, dropout, "
+        help="how the kernels and framework behave: profile=fsdp1|fsdp2|torchtitan|"
+        "megatron-te|deepspeed-zero (a framework's documented behaviours, which the other "
+        "keys override), flash_attention, dropout, "
         "fused_elementwise (0/1), grad_reduce_bytes (2 or 4: fp32 reductions, as FSDP "
         "mixed precision's default), loss_bytes (4: fp32 loss, 2: in bf16), "
         "tp_comm_overlap (0/1: comm-GEMM overlap), per_microbatch_sync (0/1: ZeRO-1/2 sync "
