@@ -26,6 +26,7 @@ from legato.specs.dtypes import FP8_TRAIN_DTYPES
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict, read_table_file, to_dict, toml_literal
+from legato.train.compile import check_compile
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -182,6 +183,16 @@ class TrainSection:
     eval_every: int = _doc(
         0, "validation loss on the data.holdout split every N steps and at the last; 0 = never"
     )
+    compile: bool = _doc(
+        False,
+        "compile each transformer block's forward with torch.compile (as torchtitan); "
+        "refused, in one line, where a strategy cannot run compiled",
+    )
+    compile_backend: Literal["inductor", "aot_eager"] = _doc(
+        "inductor",
+        "torch.compile backend with train.compile: 'inductor' generates kernels (needs a "
+        "C++ compiler on CPU); 'aot_eager' traces the same graphs and runs them eagerly",
+    )
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "train.steps", ">= 1", self.steps)
@@ -335,6 +346,8 @@ class TrainConfig:
             )
         if split:
             check_batch_split(split, job.strategy.gbs, job.strategy.mbs, job.strategy.dp)
+        if self.train.compile:
+            check_compile(job.strategy)
         return job
 
     def to_dict(self) -> dict[str, Any]:

@@ -59,6 +59,8 @@ CHANGEABLE = frozenset(
         "train.router_bias_rate",
         "train.log_every",
         "train.eval_every",
+        "train.compile",
+        "train.compile_backend",
         "parallel.nproc",
         "parallel.nodes",
         "parallel.backend",

@@ -47,6 +47,7 @@ from legato.specs.typed import to_dict
 from legato.train import checkpoint as ckpt
 from legato.train import resume
 from legato.train.auto_strategy import resolve_auto
+from legato.train.compile import compile_blocks
 from legato.train.config import TrainConfig, resolve_model
 from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
@@ -266,6 +267,8 @@ class Trainer:
             )
             self.model = laid_out.module
             self.swap = laid_out.swap
+        if cfg.train.compile:  # the laid-out blocks (recompute, TP, FP8 included)
+            compile_blocks(self.step.module, cfg.train.compile_backend)
         if cfg.model.init and self._start is None:  # laid out first: each rank reads its slices
             load_init(cfg.model.init, self.model, self._owned)
         self.optimizer = build_optimizer(self.step.module, cfg.optim)
