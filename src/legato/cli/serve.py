@@ -79,6 +79,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000, help="port (default 8000; 0: any free)")
     serve.add_argument("--max-queue", type=int, default=256, help="waiting requests before 429")
     serve.add_argument(
+        "--decision-log", default=None, metavar="FILE",
+        help="write each engine step's decisions as JSON lines (serve simulate replays them)",
+    )  # fmt: skip
+    serve.add_argument(
+        "--request-log", default=None, metavar="FILE",
+        help="write each finished request (arrival, adapter, lengths) as JSON lines",
+    )  # fmt: skip
+    serve.add_argument(
         "--replicas", type=int, default=1,
         help="engines behind Ray Serve, routed by adapter and load (1: one engine, no Ray)",
     )  # fmt: skip
@@ -103,6 +111,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="with --enable-lora-updating: a folder runtime loads may read under (repeatable)",
     )  # fmt: skip
     serve.set_defaults(func=_serve)
+    from legato.cli import serve_simulate
+
+    serve_simulate.register(serve.add_subparsers(dest="serve_command", metavar="{simulate}"))
     generate = subparsers.add_parser("generate", help="one completion from a model or adapter")
     _model_flags(generate)
     generate.add_argument("prompt", help="the prompt text")
@@ -189,11 +200,18 @@ def _access(args: argparse.Namespace):
 def _engine(args: argparse.Namespace, config, adapters, folders: dict | None = None):
     """The engine of ``config`` for ``args`` serving ``adapters(model)``, read from
     ``folders``."""
+    from legato.serve.clock import WallClock
+    from legato.serve.decisions import DecisionLog
     from legato.serve.engine import Engine
     from legato.serve.loading import load_served_model
+    from legato.serve.request_log import RequestLog
 
     model, tokenizer, name = load_served_model(args.model, args.weights, args.tokenizer)
-    return Engine(model, tokenizer, adapters(model), config, model_name=name, sources=folders)
+    clock = WallClock()
+    decisions, requests = getattr(args, "decision_log", None), getattr(args, "request_log", None)
+    return Engine(model, tokenizer, adapters(model), config, model_name=name, sources=folders,
+                  clock=clock, decision_log=DecisionLog(decisions) if decisions else None,
+                  request_log=RequestLog(requests, clock.now()) if requests else None)  # fmt: skip
 
 
 def _serve(args: argparse.Namespace, _extra: list[str]) -> int:

@@ -10,6 +10,13 @@ preempted (its blocks released, to be recomputed when it is admitted again — v
 recompute preemption); blocks it had filled stay in the prefix cache, so recomputation is
 often a cache hit. Requests of different adapters share the batch (``paged_model``).
 
+Time: the engine reads its ``clock`` once when a step begins and once when the batch is
+done, and decides everything of the step at those instants (``serve/clock.py``); the
+batch runs on a backend — the model's weights and paged cache (``TorchBackend``), or a
+modelled device whose step times a step-time source gives (``serve/simulate.py``), which
+is how ``legato serve simulate`` runs this very scheduler. With a ``decision_log`` every
+step's decisions are recorded (``serve/decisions.py``).
+
 Thread-safety: ``add`` and ``abort`` may be called from another thread (the HTTP server's
 event loop) while one thread runs ``step``; a lock guards the queues. A request reports
 progress through its ``on_update`` callback, called on the stepping thread.
@@ -18,7 +25,6 @@ progress through its ``on_update`` callback, called on the stepping thread.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -33,6 +39,8 @@ from legato.errors import ConfigError
 from legato.lora.adapter import AdapterShape, LoraAdapter, linear_layers
 from legato.models.transformer import Transformer
 from legato.serve.blocks import BlockManager, block_hash, prefix_root
+from legato.serve.clock import WallClock
+from legato.serve.decisions import NullLog
 from legato.serve.host_kv import KvLoad
 from legato.serve.memory import DeviceMemory
 from legato.serve.paged_model import PagedKVCache, PagedModel, StepRows
@@ -79,10 +87,51 @@ class Request:
     preemptions: int = 0
     generator: torch.Generator | None = None
     error: str | None = None  # set when the engine failed under the request
+    seq: int = 0  # the engine's count of requests added before this one (the log's id)
 
     @property
     def known(self) -> list[int]:
         return self.prompt + self.output
+
+    @property
+    def known_len(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    def tokens(self, start: int, end: int) -> list[int]:
+        """``known[start:end]`` without building ``known`` (a step reads a few tokens of
+        a long request)."""
+        cut = len(self.prompt)
+        if end <= cut:
+            return self.prompt[start:end]
+        if start >= cut:
+            return self.output[start - cut : end - cut]
+        return self.prompt[start:] + self.output[: end - cut]
+
+
+class TorchBackend:
+    """What a real step runs on: the model's weights and its paged KV cache (whose tensor
+    is the device pool), and the sampler."""
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, config: EngineConfig) -> None:
+        self.cache = PagedKVCache(model, config.num_blocks, config.block_size)
+        self.runner = PagedModel(model, self.cache)
+        self.pool: torch.Tensor | None = self.cache.kv
+        self.block_bytes = self.cache.bytes_per_block
+        self.element_size = self.pool.element_size()
+        self.max_model_len = model.spec.seq_len
+        self.model, self.vocab = model, tokenizer.vocab_size
+
+    def rank_elements(self, rank: int) -> int:
+        """Elements of a rank-``rank`` adapter on every linear layer of the decoder
+        blocks: the room vLLM gives each LoRA slot for ``--max-lora-rank``."""
+        layers = linear_layers(self.model.model.layers)
+        return rank * sum(layer.in_features + layer.out_features for layer in layers.values())
+
+    def step(self, parts: Sequence[StepRows]) -> torch.Tensor:
+        return self.runner.step(parts)
+
+    def sample(self, row: torch.Tensor, request: Request) -> int:
+        return next_token(row[: self.vocab], request.params, request.generator)
 
 
 class Engine:
@@ -96,37 +145,57 @@ class Engine:
         config: EngineConfig | None = None,
         model_name: str = "legato",
         sources: dict[str, Path] | None = None,
+        *,
+        clock=None,
+        decision_log=None,
+        request_log=None,
     ) -> None:
         """``sources``: the PEFT folder of each adapter read from one, so that its host
-        copy may be dropped under ``max_cpu_loras`` and read again when needed."""
-        self.config = _sized(config or EngineConfig(), model)
+        copy may be dropped under ``max_cpu_loras`` and read again when needed. ``model``
+        is a ``Transformer``, or a backend of a modelled device (``simulate.py``; its
+        adapters are ``simulate.AdapterSize``s, sizes without factors). ``clock``: the
+        wall clock unless given; ``decision_log``: a ``decisions.DecisionLog``;
+        ``request_log``: a ``request_log.RequestLog``."""
+        config = config or EngineConfig()
+        if isinstance(model, torch.nn.Module):
+            config = _sized(config, model)
+            self.backend = TorchBackend(model, tokenizer, config)
+            self.cache = self.backend.cache
+        else:
+            self.backend = model
+        self.config, self.clock = config, clock or WallClock()
+        self.log = decision_log or NullLog()
+        self.request_log = request_log
         self.model, self.tokenizer, self.model_name = model, tokenizer, model_name
-        self.max_model_len = model.spec.seq_len
+        self.max_model_len = self.backend.max_model_len
         adapters, sources = dict(adapters or {}), dict(sources or {})
         # what is served (the factors themselves live in ``memory``, on the host or disk)
         self.adapters: dict[str, AdapterShape] = {n: a.shape for n, a in adapters.items()}
         self.versions: dict[str, int] = dict.fromkeys(self.adapters, 0)
         self.blocks = BlockManager(self.config.num_blocks, self.config.block_size)
-        self.cache = PagedKVCache(model, self.config.num_blocks, self.config.block_size)
-        self.runner = PagedModel(model, self.cache)
         policy = self.config.policy
         self.policy = make_policy(policy) if isinstance(policy, str) else policy
         cpu, slots = self.config.max_cpu_loras, self.config.max_loras
         if cpu and self.policy.separate_slots and cpu < slots:  # vLLM's rule
             raise ConfigError(f"--max-cpu-loras: must be >= --max-loras ({slots}), got {cpu}")
-        host_blocks = self.config.swap_space // self.cache.bytes_per_block
-        self.memory = DeviceMemory(self.blocks, self.cache.kv, self.policy, self.config.link_gbps,
-                                   self.config.max_loras, host_blocks,
-                                   self.config.max_cpu_loras)  # fmt: skip
+        host_blocks = self.config.swap_space // self.backend.block_bytes
+        self.memory = DeviceMemory(
+            self.blocks, self.backend.pool, self.policy, self.config.link_gbps,
+            self.config.max_loras, host_blocks, self.config.max_cpu_loras,
+            clock=self.clock, log=self.log, block_bytes=self.backend.block_bytes,
+            element_size=self.backend.element_size,
+        )  # fmt: skip
         for name, adapter in adapters.items():
             self.memory.add_adapter(name, adapter, sources.get(name))
         if self.policy.separate_slots:
-            self.memory.reserve_slots(_rank_elements(model, self.config.max_lora_rank))
+            self.memory.reserve_slots(self.backend.rank_elements(self.config.max_lora_rank))
         self.kv_blocks = self.config.num_blocks - (len(self.memory.region or ()))
         self.waiting: deque[Request] = deque()
         self.running: list[Request] = []
         self.lock = threading.Lock()
-        self.steps = 0
+        self.steps = 0  # steps that ran a batch
+        self.attempts = 0  # calls of ``step`` (the decision log's records)
+        self.added = 0
         self.peak_batch = 0  # the most requests one step has run
 
     # ------------------------------------------------------------------ adapters
@@ -187,9 +256,11 @@ class Engine:
         params: SamplingParams,
         adapter: str | None = None,
         on_update: Callable[[Request], None] | None = None,
+        arrival_s: float | None = None,
     ) -> Request:
-        """Queue a request; a RequestError (404 unknown adapter, 400 too long, 429 queue
-        full) refuses it with nothing allocated."""
+        """Queue a request (that arrived at ``arrival_s`` on the engine's clock: now,
+        unless a replay says when); a RequestError (404 unknown adapter, 400 too long, 429
+        queue full) refuses it with nothing allocated."""
         if adapter is not None and adapter not in self.adapters:
             raise RequestError(f"model: the model {adapter!r} does not exist", 404, "model")
         if not prompt:
@@ -216,11 +287,14 @@ class Engine:
         with self.lock:
             if len(self.waiting) >= self.config.max_queue:
                 raise RequestError("the server is overloaded; retry later", 429)
+            arrival = self.clock.now() if arrival_s is None else arrival_s
             request = Request(f"cmpl-{uuid.uuid4().hex}", adapter, list(prompt), params,
-                              time.monotonic(), on_update)  # fmt: skip
+                              arrival, on_update, seq=self.added)  # fmt: skip
+            self.added += 1
             request.generator = params.generator()
             self.waiting.append(request)
             self.policy.observe(adapter)
+            self.log.note("arrived", request.seq)
         return request
 
     def abort(self, request: Request) -> None:
@@ -238,37 +312,46 @@ class Engine:
 
     # ------------------------------------------------------------------ one step
 
-    def step(self) -> list[Request]:
-        """Run one batch; the requests that got a token or finished."""
+    def step(self, now: float | None = None) -> list[Request]:
+        """Run one batch (begun at ``now`` on the engine's clock: read here unless a
+        replay's driver read it when it added the arrivals); the requests that got a token
+        or finished. With nothing to run it waits for the next copy to land."""
+        start = self.clock.now() if now is None else now
+        self.attempts += 1
         with self.lock:
-            parts, scheduled = self._schedule()
+            parts, scheduled = self._schedule(start)
             if not parts:
-                self.memory.tick(time.monotonic())
+                self.memory.tick(start)
+                self.log.end_step(self.attempts - 1, start, start)
         if not parts:
-            if self.waiting:
-                time.sleep(0.001)  # adapters are being copied in: nothing to run yet
+            if self.waiting:  # adapters or KV blocks are being copied in: nothing to run yet
+                self.clock.sleep_until(self.memory.next_landing(start))
             return []
-        logits = self.runner.step(parts)
+        if self.log.recording:
+            batch = zip(scheduled, parts, strict=True)
+            self.log.note("batch", [[r.seq, len(p.tokens), p.start] for r, p in batch])
+        rows = self.backend.step(parts)
         self.steps += 1
         self.peak_batch = max(self.peak_batch, len(parts))
         changed = []
-        now = time.monotonic()
+        now = self.clock.now()
         with self.lock:
             self.memory.tick(now)
-            for request, part, row in zip(scheduled, parts, logits, strict=True):
+            for request, part, row in zip(scheduled, parts, rows, strict=True):
                 if request.state != RUNNING:  # aborted while the batch ran
                     continue
                 request.cached += len(part.tokens)
                 self._commit_full_blocks(request, now)
-                if request.cached == len(request.known):
-                    self._append(request, row)
+                if request.cached == request.known_len:
+                    self._append(request, row, now)
                     changed.append(request)
+            self.log.end_step(self.attempts - 1, start, now)
         for request in changed:
             if request.on_update is not None:
                 request.on_update(request)
         return changed
 
-    def _schedule(self) -> tuple[list[StepRows], list[Request]]:
+    def _schedule(self, now: float) -> tuple[list[StepRows], list[Request]]:
         budget = self.config.max_num_batched_tokens
         parts, scheduled = [], []
         for request in list(self.running):
@@ -276,13 +359,12 @@ class Engine:
                 break
             if request.state != RUNNING:  # preempted below to make room for an older one
                 continue
-            n = min(len(request.known) - request.cached, budget)
-            if not self._reserve(request, request.cached + n, preempt=True, keep=scheduled):
+            n = min(request.known_len - request.cached, budget)
+            if not self._reserve(request, request.cached + n, now, preempt=True, keep=scheduled):
                 continue
             parts.append(self._rows(request, n))
             scheduled.append(request)
             budget -= n
-        now = time.monotonic()
         for request in list(self.waiting):
             if budget == 0 or len(self.running) >= self.config.max_num_seqs:
                 break
@@ -303,8 +385,8 @@ class Engine:
                     self._match_prefix(request, now)
                     if self._swap_in(request, now):
                         continue  # its next prefix blocks are coming back from the host
-            n = min(len(request.known) - request.cached, budget)
-            if not self._reserve(request, request.cached + n, preempt=False):
+            n = min(request.known_len - request.cached, budget)
+            if not self._reserve(request, request.cached + n, now, preempt=False):
                 self._drop_blocks(request)  # a waiting request holds no blocks
                 self.memory.unpin(request.adapter)
                 self._release_landed(now)  # (but while its KV comes in): the head needs room
@@ -312,13 +394,14 @@ class Engine:
             self.waiting.remove(request)
             request.state = RUNNING
             self.running.append(request)
+            self.log.note("admitted", request.seq)
             parts.append(self._rows(request, n))
             scheduled.append(request)
             budget -= n
         return parts, scheduled
 
     def _rows(self, request: Request, n: int) -> StepRows:
-        tokens = request.known[request.cached : request.cached + n]
+        tokens = request.tokens(request.cached, request.cached + n)
         return StepRows(
             tokens, request.cached, request.blocks, self.memory.resident(request.adapter)
         )
@@ -347,7 +430,7 @@ class Engine:
         fresh = [self.blocks.allocate() for _ in hashes]
         request.blocks += fresh
         request.kv_load = KvLoad(fresh, hashes, parts)
-        self.memory.swap_in(request.kv_load)
+        self.memory.swap_in(request.kv_load, now)
         return True
 
     def _land_kv(self, request: Request, now: float) -> None:
@@ -376,26 +459,28 @@ class Engine:
                 self.memory.unpin(request.adapter)
 
     def _reserve(
-        self, request: Request, tokens: int, preempt: bool, keep: Sequence[Request] = ()
-    ) -> bool:
+        self, request: Request, tokens: int, now: float, preempt: bool,
+        keep: Sequence[Request] = (),
+    ) -> bool:  # fmt: skip
         """Blocks for ``tokens`` positions of ``request``; with ``preempt``, the newest
         running requests not in this step's batch (``keep``) give theirs up first, then
         ``request`` itself (else False and nothing changes)."""
         need = self.blocks.blocks_for(tokens) - len(request.blocks)
-        while need > self.memory.evictable():
+        while need > len(self.blocks.free) and need > self.memory.evictable():
             victims = [r for r in self.running if r is not request and r not in keep]
             if not preempt or not victims:
                 if request.state == RUNNING and preempt:
                     self._preempt(request)
                 return False
             self._preempt(victims[-1])
-        if not self.memory.make_room(need, time.monotonic()):
+        if not self.memory.make_room(need, now):
             return False
         for _ in range(need):
             request.blocks.append(self.blocks.allocate())
         return True
 
     def _preempt(self, request: Request) -> None:
+        self.log.note("preempted", request.seq)
         self.running.remove(request)
         self.memory.unpin(request.adapter)
         self._drop_blocks(request)
@@ -411,18 +496,18 @@ class Engine:
         size = self.config.block_size
         while (request.committed + 1) * size <= request.cached:
             i = request.committed
-            request.chain = block_hash(request.chain, request.known[i * size : (i + 1) * size])
+            request.chain = block_hash(request.chain, request.tokens(i * size, (i + 1) * size))
             parent = request.blocks[i - 1] if i else None
             if parent is not None and self.blocks.hash_of[parent] is None:
                 parent = None
             self.blocks.commit(request.blocks[i], request.chain, request.adapter, parent, now)
             request.committed += 1
 
-    def _append(self, request: Request, logits: torch.Tensor) -> None:
+    def _append(self, request: Request, row, now: float) -> None:
         """Draw the next token and decide whether the request is done."""
-        token = next_token(logits[: self.tokenizer.vocab_size], request.params, request.generator)
+        token = self.backend.sample(row, request)
         if request.first_token_s is None:
-            request.first_token_s = time.monotonic()
+            request.first_token_s = now
         params = request.params
         if token == self.tokenizer.eos_id and not params.ignore_eos:
             self._finish(request, "stop")
@@ -437,16 +522,19 @@ class Engine:
             self._finish(request, "length")
 
     def _finish(self, request: Request, reason: str) -> None:
+        self.log.note("finished", request.seq)
         if request in self.running:
             self.running.remove(request)
             self.memory.unpin(request.adapter)
         elif request.kv_load is not None:  # aborted while its blocks came back
             self.memory.wait(request.kv_load)  # the copy must not land in a reused block
-            self._land_kv(request, time.monotonic())  # and what came is cached, not lost
+            self._land_kv(request, self.clock.now())  # and what came is cached, not lost
             self.memory.unpin(request.adapter)
         self.blocks.release(request.blocks)
         request.blocks = []
         request.state, request.finish_reason = FINISHED, reason
+        if self.request_log is not None:
+            self.request_log.finished(request)
         if reason == "abort" and request.on_update is not None:
             request.on_update(request)
 
@@ -463,13 +551,6 @@ class Engine:
         while self.has_work:
             self.step()
         return requests
-
-
-def _rank_elements(model: Transformer, rank: int) -> int:
-    """Elements of a rank-``rank`` adapter on every linear layer of the decoder blocks: the
-    room vLLM gives each LoRA slot for ``--max-lora-rank`` (0: none asked)."""
-    layers = linear_layers(model.model.layers)
-    return rank * sum(layer.in_features + layer.out_features for layer in layers.values())
 
 
 def _sized(config: EngineConfig, model: Transformer) -> EngineConfig:

@@ -25,23 +25,28 @@ from legato.serve.blocks import Hash, block_hash
 
 @dataclass
 class HostBlock:
-    data: Tensor  # the block's row of the pool, in host memory
+    data: Tensor | None  # the block's row of the pool, in host memory (None: accounting only)
     owner: str | None  # its adapter
     visits: int
+    nbytes: int
 
 
 @dataclass
 class KvLoad:
-    """Host blocks on their way into device ``blocks`` (the copy thread's job)."""
+    """Host blocks on their way into device ``blocks`` (the copy thread's job); ``due``:
+    when the link has carried them, ``copied``: the copy thread is done with them."""
 
     blocks: list[int]
     hashes: list[Hash]
     parts: list[HostBlock]
     done: bool = False
     nbytes: int = field(init=False)
+    due: float = 0.0
+    copied: bool = False
+    error = None  # a host block cannot fail to be read
 
     def __post_init__(self) -> None:
-        self.nbytes = sum(p.data.numel() * p.data.element_size() for p in self.parts)
+        self.nbytes = sum(p.nbytes for p in self.parts)
 
     def prepare(self, _dtype) -> None:
         pass  # already in host memory
@@ -68,12 +73,14 @@ class HostKV:
         self.stored_bytes = 0  # device -> host, over the run
         self.hits = 0  # blocks brought back instead of recomputed (counted by the engine)
 
-    def put(self, hashed: Hash, data: Tensor, owner: str | None, visits: int) -> None:
+    def put(
+        self, hashed: Hash, data: Tensor | None, owner: str | None, visits: int, nbytes: int
+    ) -> None:
         if self.capacity <= 0:
             return
-        self.blocks[hashed] = HostBlock(data, owner, visits)
+        self.blocks[hashed] = HostBlock(data, owner, visits, nbytes)
         self.blocks.move_to_end(hashed)
-        self.stored_bytes += data.numel() * data.element_size()
+        self.stored_bytes += nbytes
         while len(self.blocks) > self.capacity:
             self.blocks.popitem(last=False)
 

@@ -10,10 +10,13 @@ carries the choice out:
 
 - an adapter is *resident* (its blocks on the device), *loading* (a copy on its way) or on
   the host; a running request pins its adapter;
-- loads are asynchronous: a copy thread moves the adapter's bytes into its device blocks at
-  ``link_gbps`` (on a GPU a pinned-memory copy on a side stream; on a CPU both tiers are
-  host memory, so the link is a copy throttled to the bandwidth — see docs/serving.md for
-  the default), and the engine schedules the adapter's requests once it is resident;
+- loads are asynchronous: copies go over the link one after another (one copy stream) at
+  ``link_gbps``, so a copy issued at ``t`` lands at ``max(t, link free) + bytes / rate``
+  on the engine's clock (``due``); a copy thread moves the bytes meanwhile (on a GPU a
+  pinned-memory copy on a side stream; on a CPU both tiers are host memory — see
+  docs/serving.md for the default) and a copy is seen landed only at its due time, waiting
+  for the thread if it is late, so when an adapter becomes resident is a function of the
+  clock (``serve/clock.py``). The engine schedules the adapter's requests once it is;
 - the LoRA a step computes with is gathered from the device blocks when the load lands
   (``ResidentAdapter``; S-LoRA's kernels read the scattered blocks in place, a CPU gather
   once per load is the cheap stand-in) and dropped with them, so what is evicted really is
@@ -23,6 +26,11 @@ carries the choice out:
 The KV blocks themselves are the ``BlockManager``'s; idle cached ones are evicted through
 ``BlockManager.evict`` when a policy picks them, kept on the host first when there is swap
 space (``host_kv.py``), and brought back by the same copy thread as adapters.
+
+Accounting and storage are apart: with no pool tensor (``pool=None``, ``legato serve
+simulate``) the same state and decisions run on block counts and bytes alone — adapters
+are sizes (``add_adapter`` of an object with ``shape`` and ``numel``), nothing is copied,
+and a resident adapter's slot stands for its factors (the step-time model reads its rank).
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -41,9 +50,12 @@ from legato.errors import ConfigError
 from legato.lora.adapter import AdapterShape, LoraAdapter
 from legato.lora.peft_io import WEIGHTS_FILE, peft_key
 from legato.serve.blocks import BlockManager
+from legato.serve.clock import WallClock
+from legato.serve.decisions import NullLog
 from legato.serve.host_kv import HostKV, KvLoad
 
 COPY_TIMEOUT_S = 120.0  # no host-to-device copy of one adapter or KV load takes longer
+IDLE_POLL_S = 0.001  # an engine with nothing to run and no copy on its way looks again
 
 
 @dataclass
@@ -64,6 +76,8 @@ class AdapterSlot:
     resident: ResidentAdapter | None = None
     disk_reads: int = 0
     error: str | None = None  # its last load failed (its folder unreadable): why
+    due: float = 0.0  # when its copy has crossed the link
+    copied: bool = False  # the copy thread is done with its load
 
     @property
     def landed(self) -> bool:
@@ -89,9 +103,10 @@ class AdapterSlot:
             pool[block, : chunk.numel()] = chunk
         return self.host.numel() * self.host.element_size()
 
-    def land(self, pool: Tensor) -> None:
+    def land(self, pool: Tensor | None) -> None:
         if self.state == "loading":
-            self.state, self.resident = "resident", ResidentAdapter(self, pool)
+            self.state = "resident"
+            self.resident = self if pool is None else ResidentAdapter(self, pool)
 
 
 def read_flat(folder: Path, layout, dtype: torch.dtype) -> Tensor:
@@ -132,28 +147,49 @@ class DeviceMemory:
     def __init__(
         self,
         blocks: BlockManager,
-        pool: Tensor,
+        pool: Tensor | None,
         policy,
         link_gbps: float,
         max_loras: int = 4,
         host_kv_blocks: int = 0,
         max_cpu_loras: int = 0,
+        *,
+        clock=None,
+        log=None,
+        block_bytes: int = 0,
+        element_size: int = 2,
     ) -> None:
+        """``pool``: the device blocks' tensor, or None to keep the accounting only (then
+        ``block_bytes`` and ``element_size`` say how large a block and an element are)."""
         if not link_gbps > 0:
             raise ConfigError(f"--link-gbps: must be > 0, got {link_gbps}")
-        self.blocks, self.pool, self.policy = blocks, pool.view(pool.shape[0], -1), policy
+        self.blocks, self.policy = blocks, policy
+        self.clock, self.log = clock or WallClock(), log or NullLog()
+        self.pool = None if pool is None else pool.view(pool.shape[0], -1)
+        if self.pool is not None:
+            element_size = self.pool.element_size()
+            block_bytes = self.pool.shape[1] * element_size
+        self.block_bytes, self.element_size = block_bytes, element_size
+        self.block_elems = block_bytes // element_size
         self.link_bytes_per_s = link_gbps * 1e9 / 8
+        self.link_free = 0.0  # when the link has carried every copy issued so far
+        self.in_flight: deque = deque()  # copies issued, not yet landed, in link order
         self.max_loras = max_loras
         self.max_cpu_loras = max_cpu_loras  # host copies kept (0: every adapter's)
         self.region: list[int] | None = None  # vLLM's adapter slots, once reserved
         self.slot_blocks: int | None = None
         self.adapters: dict[str, AdapterSlot] = {}
+        self.resident_slots: dict[str, AdapterSlot] = {}  # those on the device, by name
         self.swapped_in_bytes = 0  # adapters and KV blocks, host -> device
+        self.loads = 0  # adapter copies started (on demand or prefetched)
         self.host_kv = HostKV(host_kv_blocks)
         self._copies: queue.Queue = queue.Queue()
         self._done: queue.Queue = queue.Queue()
-        self._thread = threading.Thread(target=self._copy_loop, name="legato-swap", daemon=True)
-        self._thread.start()
+        self._thread = None
+        if self.pool is not None:
+            self._thread = threading.Thread(target=self._copy_loop, name="legato-swap",
+                                            daemon=True)  # fmt: skip
+            self._thread.start()
 
     # ------------------------------------------------------------------ adapters
 
@@ -164,6 +200,9 @@ class DeviceMemory:
         old = self.adapters.get(name)
         if old is not None:
             self._drop_adapter(old)
+        if self.pool is None:  # a size: the accounting only
+            self.adapters[name] = AdapterSlot(name, None, [], adapter.shape, adapter.numel)
+            return
         layout, parts = [], []
         for path, a, b in adapter.named_factors():
             layout.append((path, tuple(a.shape), tuple(b.shape)))
@@ -218,7 +257,7 @@ class DeviceMemory:
 
     def blocks_for(self, elements: int) -> int:
         """Pool blocks that ``elements`` adapter elements take (an adapter cut into blocks)."""
-        return -(-elements // self.pool.shape[1])
+        return -(-elements // self.block_elems)
 
     def resident(self, name: str | None) -> ResidentAdapter | None:
         return None if name is None else self.adapters[name].resident
@@ -226,7 +265,7 @@ class DeviceMemory:
     def request(self, name: str, now: float) -> bool:
         """True if ``name`` is on the device; else start loading it if room can be made
         (False until the copy lands)."""
-        self.collect()
+        self.collect(now)
         slot = self.adapters[name]
         slot.last_used = now
         if slot.state == "resident":
@@ -260,7 +299,9 @@ class DeviceMemory:
             slot.blocks = [self.blocks.allocate() for _ in range(need)]
         slot.state = "loading"
         self._trim_host(keep=slot.name)  # room for the copy read from disk, if it is
-        self._copies.put(slot)
+        self.log.note("load", [slot.name, slot.blocks])
+        self.loads += 1
+        self._issue(slot, slot.numel * self.element_size, now)
         return True
 
     def _drop_adapter(self, slot: AdapterSlot) -> None:
@@ -271,6 +312,7 @@ class DeviceMemory:
         elif slot.blocks:
             self.blocks.release(slot.blocks)
         slot.blocks, slot.state, slot.resident = [], "host", None
+        self.resident_slots.pop(slot.name, None)
         self._trim_host()
 
     # ------------------------------------------------------------------ room
@@ -283,6 +325,7 @@ class DeviceMemory:
             if victim is None:
                 return False
             kind, what = victim
+            self.log.note("evict_" + kind, what)
             if kind == "kv":
                 self._swap_out(what)
                 self.blocks.evict(what)
@@ -295,11 +338,11 @@ class DeviceMemory:
         return len(self.blocks.free) + self.policy.evictable(self, for_adapter)
 
     def idle_adapters(self) -> list[AdapterSlot]:
-        return [s for s in self.adapters.values() if s.state == "resident" and not s.pins]
+        return [s for s in self.resident_slots.values() if not s.pins]
 
     def tick(self, now: float) -> None:
         """Land finished copies; let the policy prefetch."""
-        self.collect()
+        self.collect(now)
         for name in self.policy.prefetch(self, now):
             slot = self.adapters[name]
             if slot.state == "host":
@@ -328,40 +371,69 @@ class DeviceMemory:
         its row; on a GPU a device-to-host copy the block's reuse would wait for)."""
         if self.host_kv.capacity:
             blocks = self.blocks
-            self.host_kv.put(blocks.hash_of[block], self.pool[block].clone(),
-                             blocks.owner[block], blocks.visits[block])  # fmt: skip
+            row = None if self.pool is None else self.pool[block].clone()
+            self.host_kv.put(blocks.hash_of[block], row, blocks.owner[block],
+                             blocks.visits[block], self.block_bytes)  # fmt: skip
+            self.log.note("kv_out", block)
 
-    def swap_in(self, load: KvLoad) -> None:
+    def swap_in(self, load: KvLoad, now: float) -> None:
         """Copy ``load``'s host blocks into its device blocks, asynchronously."""
-        self._copies.put(load)
+        self.log.note("kv_in", load.blocks)
+        self._issue(load, load.nbytes, now)
 
-    def collect(self) -> None:
-        """Land every finished copy (an adapter becomes resident, a KV load done)."""
-        while True:
-            try:
-                job = self._done.get_nowait()
-            except queue.Empty:
-                return
-            if isinstance(job, AdapterSlot) and job.error:
-                job.state = "host"  # landed nothing: give its blocks back
-                self._drop_adapter(job)
-                continue
-            job.land(self.pool)
-            if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
-                self._trim_host(keep=job.name)
+    def _issue(self, job, nbytes: int, now: float) -> None:
+        """Send ``job`` over the link: due when the copies before it and its own bytes
+        have crossed (see the module docstring); the thread copies the bytes meanwhile."""
+        job.due = self.link_free = max(now, self.link_free) + nbytes / self.link_bytes_per_s
+        job.copied = self._thread is None  # nothing to copy without tensors
+        self.swapped_in_bytes += nbytes
+        self.in_flight.append(job)
+        if self._thread is not None:
+            self._copies.put(job)
+
+    def next_landing(self, now: float) -> float:
+        """When the next copy lands (a moment from ``now`` when none is on its way)."""
+        return self.in_flight[0].due if self.in_flight else now + IDLE_POLL_S
+
+    def collect(self, now: float) -> None:
+        """Land every copy due by ``now`` (an adapter becomes resident, a KV load done)."""
+        while self.in_flight and self.in_flight[0].due <= now:
+            self._land(self.in_flight[0])
 
     def wait(self, job, timeout_s: float = COPY_TIMEOUT_S) -> None:
-        """Until ``job`` (an adapter's or a KV load's copy) has landed; a RuntimeError, not
-        a hang, if the copy thread died or the copy takes longer than ``timeout_s``."""
+        """Land ``job`` (an adapter's or a KV load's copy) now, before its due time (its
+        blocks are about to be reused); a RuntimeError, not a hang, if the copy thread died
+        or the copy takes longer than ``timeout_s``."""
+        if not job.landed:
+            self._land(job, timeout_s)
+
+    def _land(self, job, timeout_s: float = COPY_TIMEOUT_S) -> None:
+        self._await_copy(job, timeout_s)
+        if job in self.in_flight:
+            self.in_flight.remove(job)
+        if isinstance(job, AdapterSlot) and job.error:
+            job.state = "host"  # landed nothing: give its blocks back
+            self._drop_adapter(job)
+            return
+        self.log.note("landed", job.name if isinstance(job, AdapterSlot) else job.blocks)
+        job.land(self.pool)
+        if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
+            self.resident_slots[job.name] = job
+            self._trim_host(keep=job.name)
+
+    def _await_copy(self, job, timeout_s: float) -> None:
+        """Until the copy thread is done with ``job`` (real seconds: the physical copy,
+        not the link's modelled time)."""
         deadline = time.monotonic() + timeout_s
-        while not job.landed:
-            self.collect()
-            if job.landed:
-                return
+        while not job.copied:
+            try:
+                self._done.get(timeout=0.001).copied = True
+                continue
+            except queue.Empty:
+                pass
             if not self._thread.is_alive() or time.monotonic() > deadline:
                 why = "the copy thread died" if not self._thread.is_alive() else "timed out"
                 raise RuntimeError(f"waiting for the copy of {job!r}: {why}")
-            time.sleep(0.001)
 
     def _copy_loop(self) -> None:
         while True:
@@ -372,10 +444,5 @@ class DeviceMemory:
                 job.error = f"cannot read adapter {job.name!r} from {job.source}: {exc}"
                 self._done.put(job)
                 continue
-            began = time.perf_counter()
-            nbytes = job.copy_into(self.pool)
-            self.swapped_in_bytes += nbytes
-            wait = nbytes / self.link_bytes_per_s - (time.perf_counter() - began)
-            if wait > 0:
-                time.sleep(wait)  # the link's bandwidth (see the module docstring)
+            job.copy_into(self.pool)
             self._done.put(job)

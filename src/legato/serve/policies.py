@@ -72,13 +72,12 @@ class SloraPolicy(VllmPolicy):
 
     def victim(self, memory, now: float, for_adapter: str | None):
         blocks = memory.blocks
-        items = [(blocks.last_used[b], "kv", b) for b in _idle_kv(memory)]
-        items += [(s.last_used, "adapter", s.name) for s in memory.idle_adapters()
-                  if s.name != for_adapter]  # fmt: skip
-        if not items:
-            return None
-        _, kind, what = min(items, key=lambda item: item[0])
-        return kind, what
+        block = blocks.least_recently_used_idle()
+        adapters = [s for s in memory.idle_adapters() if s.name != for_adapter]
+        oldest = min(adapters, key=lambda s: s.last_used, default=None)
+        if oldest is not None and (block is None or oldest.last_used < blocks.last_used[block]):
+            return "adapter", oldest.name  # a tie goes to the KV block
+        return None if block is None else ("kv", block)
 
     def evictable(self, memory, for_adapter: str | None) -> int:
         adapters = sum(len(s.blocks) for s in memory.idle_adapters() if s.name != for_adapter)
@@ -120,7 +119,7 @@ class EloraPolicy(SloraPolicy):
         blocks, low = memory.blocks, self._low_lora(memory)
         resident = sum(1 for s in memory.adapters.values() if s.state == "resident")
         keep_all = min(1.0, resident / low)
-        block_cost = memory.pool.shape[1] * memory.pool.element_size() / memory.link_bytes_per_s
+        block_cost = memory.block_bytes / memory.link_bytes_per_s
         for b in _idle_kv(memory):
             if blocks.is_leaf(b) or not self.tree:
                 retain = self._retain(block_cost, blocks.visits[b], now - blocks.last_used[b])
@@ -129,7 +128,7 @@ class EloraPolicy(SloraPolicy):
         for slot in memory.idle_adapters():
             if slot.name == for_adapter or (self.tree and slot.name in owners):
                 continue  # not a leaf: its KV blocks go first
-            cost = slot.numel * memory.pool.element_size() / memory.link_bytes_per_s
+            cost = slot.numel * memory.element_size / memory.link_bytes_per_s
             retain = self._retain(cost, slot.visits, now - slot.last_used)
             lora_eval = min(1.0, (resident - 1) / low)
             score = lora_eval * retain if self.cost_model else slot.last_used

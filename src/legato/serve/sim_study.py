@@ -1,0 +1,166 @@
+"""A multi-LoRA deployment on a modelled GPU, as ``legato serve simulate`` and
+``benchmarks/serving_at_scale.py`` ask about it: the engine of a model with N adapters on a
+device (``build_engine``), one run (``simulate``), the highest request rate that meets a
+p99 TTFT SLO (``find_capacity``, Vidur-Search's question) and vLLM's ``--max-loras`` tuned
+per case (``best_max_loras``).
+
+Sizes follow vLLM: the device's memory times ``gpu_memory_utilization``, less the weights
+(split over ``tp``) and an activation reserve, is the pool, in blocks of ``block_size``
+tokens of keys and values; an adapter on ``targets`` is cut into blocks of the same bytes
+(split over ``tp`` as its layers are). The host link is the profile's measured
+host-to-device bandwidth.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+
+from legato.devices import profile_for
+from legato.errors import ConfigError
+from legato.lora.adapter import AdapterShape
+from legato.serve.clock import SimClock
+from legato.serve.engine import Engine, EngineConfig
+from legato.serve.simulate import (
+    AdapterSize,
+    Arrival,
+    PredictedSteps,
+    SimTokenizer,
+    SimulatedBackend,
+    report,
+    run,
+)
+from legato.serve.step_time import StepTimeModel
+from legato.specs.device import DeviceSpec
+from legato.specs.model import ModelSpec
+from legato.specs.params import count_params
+
+ACTIVATION_RESERVE = 0.05  # of device memory, for activations and the sampler (vLLM's profile run)
+LINEARS = ("q", "k", "v", "o", "gate", "up", "down")
+BYTES = 2  # fp16 weights, KV and adapters
+
+
+@dataclass
+class Deployment:
+    """What is simulated: ``model`` on ``tp`` devices of ``device`` serving
+    ``num_adapters`` adapters of ``ranks`` (adapter i has ``ranks[i % len(ranks)]``)."""
+
+    model: ModelSpec
+    device: DeviceSpec
+    num_adapters: int
+    ranks: Sequence[int] = (8,)
+    tp: int = 1
+    targets: Sequence[str] = ("q", "k", "v", "o")
+    config: EngineConfig = field(default_factory=EngineConfig)
+    gpu_memory_utilization: float = 0.9
+
+    def adapter_names(self) -> list[str]:
+        return [f"lora-{i}" for i in range(self.num_adapters)]
+
+
+def _dims(model: ModelSpec) -> dict[str, tuple[int, int]]:
+    h, hd, ffn = model.hidden_size, model.head_dim, model.ffn_hidden_size
+    return {"q": (h, model.num_heads * hd), "k": (h, model.num_kv_heads * hd),
+            "v": (h, model.num_kv_heads * hd), "o": (model.num_heads * hd, h),
+            "gate": (h, ffn), "up": (h, ffn), "down": (ffn, h)}  # fmt: skip
+
+
+def _per_rank(model: ModelSpec, targets: Sequence[str], tp: int) -> int:
+    """Elements per unit of rank of an adapter on ``targets`` of every layer, per device."""
+    dims = _dims(model)
+    return model.num_layers * sum(sum(dims[t]) for t in targets) // tp
+
+
+def block_bytes(d: Deployment) -> int:
+    """Bytes of one KV block on one device: keys and values of every layer."""
+    m = d.model
+    return 2 * m.num_layers * (m.num_kv_heads // d.tp) * m.head_dim * BYTES * d.config.block_size
+
+
+def sized_config(d: Deployment) -> EngineConfig:
+    """``d.config`` with the pool's blocks and the link from the device (module docstring)."""
+    m = d.model
+    memory = d.device.memory_bytes * (d.gpu_memory_utilization - ACTIVATION_RESERVE)
+    free = memory - count_params(m).total * BYTES / d.tp
+    blocks = int(free // block_bytes(d))
+    if blocks < 2:
+        raise ConfigError(
+            f"--tp: {m.name} does not fit {d.device.name} x {d.tp} (weights take the memory)"
+        )
+    link = profile_for(d.device).host_link.host_to_device_gbs * 8
+    return replace(d.config, num_blocks=blocks, link_gbps=link, max_queue=10**9)
+
+
+def build_engine(d: Deployment, steps=None, clock=None, decision_log=None) -> Engine:
+    """The engine of ``d`` on a ``SimClock``, steps priced by the device (or ``steps``)."""
+    clock = clock or SimClock()
+    if steps is None:
+        profile = profile_for(d.device)
+        steps = PredictedSteps(StepTimeModel(d.model, d.device, profile, d.tp, d.targets).step_time)
+    config = sized_config(d)
+    m = d.model
+    backend = SimulatedBackend(clock, steps, block_bytes(d), m.seq_len,
+                               _per_rank(m, LINEARS, d.tp), BYTES)  # fmt: skip
+    per_rank = _per_rank(m, d.targets, d.tp)
+    adapters = {}
+    for i, name in enumerate(d.adapter_names()):
+        rank = d.ranks[i % len(d.ranks)]
+        shape = AdapterShape(rank, 2.0 * rank, 0.0, tuple(d.targets))
+        adapters[name] = AdapterSize(shape, rank * per_rank)
+    if config.max_lora_rank == 0:
+        config = replace(config, max_lora_rank=max(d.ranks))
+    return Engine(backend, SimTokenizer(), adapters, config, model_name=m.name,
+                  clock=clock, decision_log=decision_log)  # fmt: skip
+
+
+def simulate(d: Deployment, arrivals: Sequence[Arrival], slo_ttft_s: float | None = None,
+             slo_tpot_s: float | None = None) -> dict:  # fmt: skip
+    """One run of ``arrivals``: ``legato bench serve``'s figures and the pool's."""
+    engine = build_engine(d)
+    requests, times, orphans = run(engine, arrivals)
+    result = report(engine, requests, times, orphans, slo_ttft_s, slo_tpot_s)
+    result["policy"] = engine.policy.name
+    result["num_blocks"] = engine.config.num_blocks
+    return result
+
+
+def find_capacity(
+    d: Deployment,
+    arrivals_at: Callable[[float], Sequence[Arrival]],
+    slo_ttft_p99_s: float,
+    low: float = 0.25,
+    high: float = 64.0,
+    rounds: int = 7,
+) -> tuple[float, dict | None]:
+    """The highest rate (requests/s, by bisection between ``low`` and ``high`` on a log
+    scale) whose run keeps p99 TTFT within the SLO, and that run (0 and None if even
+    ``low`` misses it)."""
+    best, best_run = 0.0, None
+    for _ in range(rounds):
+        rate = (low * high) ** 0.5
+        result = simulate(d, arrivals_at(rate), slo_ttft_p99_s)
+        if result["p99_ttft_ms"] <= slo_ttft_p99_s * 1e3:
+            best, best_run, low = rate, result, rate
+        else:
+            high = rate
+    return best, best_run
+
+
+def best_max_loras(
+    d: Deployment, arrivals: Sequence[Arrival], slo_ttft_s: float, candidates: Sequence[int]
+) -> tuple[int, dict, dict[int, float]]:
+    """vLLM's ``--max-loras`` giving the best goodput under the TTFT SLO, searched over
+    ``candidates`` (those whose slots leave KV room); the value, its run, and every
+    candidate's goodput."""
+    goodputs, runs = {}, {}
+    for slots in candidates:
+        case = replace(d, config=replace(d.config, policy="vllm", max_loras=slots))
+        try:
+            runs[slots] = simulate(case, arrivals, slo_ttft_s)
+        except ConfigError:  # the slots leave no KV blocks
+            break
+        goodputs[slots] = runs[slots]["request_goodput"]
+    if not goodputs:
+        raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
+    best = max(goodputs, key=lambda s: (goodputs[s], -s))
+    return best, runs[best], goodputs
