@@ -10,7 +10,8 @@ every field of ``Strategy`` has its row, so a key the planner learns to price is
 runtime and its tests see.
 
 ``examples``: strategy strings that turn the key on over 2 processes (4 for ``tp=2x2``),
-with no other key than those the example needs. ``needs_moe``: the key only means
+with no other key than those the example needs; values the runtime runs alike (zb-2p
+as zb-h1, 1f1b as gpipe) are left to one of them. ``needs_moe``: the key only means
 something on an MoE model. ``refused_values``: values ``legato train`` does not run
 (empty with a ``refused`` reason: every value but the default).
 """
@@ -31,7 +32,7 @@ class PricedKey:
 
 PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("dp", ("dp=2",)),
-    PricedKey("zero", ("zero=0", "zero=1", "zero=2", "zero=3")),
+    PricedKey("zero", ("dp=2,zero=0", "dp=2,zero=1", "dp=2,zero=2", "dp=2,zero=3")),
     PricedKey("tp", ("tp=2",)),
     PricedKey("sp", ("tp=2,sp=1",)),
     PricedKey("tp_y", ("tp=2x2",)),
@@ -39,7 +40,7 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("pp", ("pp=2",)),
     PricedKey(
         "schedule",
-        ("pp=2,schedule=gpipe", "pp=2,schedule=zb-h1", "pp=2,schedule=zb-2p", "pp=2,schedule=zb-v"),
+        ("pp=2,schedule=gpipe", "pp=2,schedule=zb-h1", "pp=2,schedule=zb-v"),
     ),
     PricedKey("vpp", ("pp=2,schedule=interleaved,vpp=2",)),
     PricedKey("slices", ("pp=2,schedule=seq1f1b,slices=2",)),
