@@ -11,7 +11,7 @@ import pytest
 
 from legato.calibrate.cluster_file import (
     DEVICE_NAME,
-    measured_calibration,
+    measured_profile,
     read_measurement,
     side_path,
     write_cluster_file,
@@ -19,7 +19,7 @@ from legato.calibrate.cluster_file import (
 from legato.calibrate.host import Measurement
 from legato.calibrate.matmul import GEMM_SHAPES
 from legato.cli import main as cli
-from legato.cost.calibration import calibration_beside
+from legato.cost.calibration import CALIBRATION, calibration_beside
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel, Gemm
 from legato.devices.gemm_fit import GemmFit, GemmTiming, fit_gemm_rate
@@ -134,45 +134,52 @@ def test_cluster_file_round_trips(tmp_path: Path):
     assert "# GEMM fp32" in path.read_text()
     assert read_measurement(path) == m
     side = json.loads(side_path(path).read_text())
-    assert side["calibration"]["gemm_half_dim"] == pytest.approx(HALF_DIM)
+    assert side["profile"]["gemm"]["fp32"]["half_dim"] == pytest.approx(HALF_DIM)
     assert sorted(p.name for p in path.parent.iterdir()) == [
         "local.calibration.json",
         "local.toml",
     ]  # no temp files left
 
 
-def test_measured_calibration_reproduces_the_measurements(tmp_path: Path):
-    """Under the measured constants the cost model's GEMM and collective times are the
-    measured ones: no GPU efficiency is applied on top of achieved rates."""
+def test_measured_profile_reproduces_the_measurements(tmp_path: Path):
+    """Under the host's measured profile the cost model's GEMM, attention, elementwise and
+    collective times are the measured ones: no GPU efficiency is applied on top of
+    achieved rates."""
     m = _measurement()
     cluster = load_cluster(write_cluster_file(m, tmp_path / "local.toml"))
-    calibration = measured_calibration(m)
+    calibration = dataclasses.replace(CALIBRATION, profile=measured_profile(m))
     device = DeviceModel.of(cluster.device, "fp32", calibration)
     for t in m.gemm:
         assert device.gemm_time(Gemm(t.m, t.n, t.k)) == pytest.approx(t.seconds, rel=1e-4)
     assert device.memory_time(6e9) == pytest.approx(1.0)  # the elementwise rate
-    assert device.attention_time(30e9) == pytest.approx(1.0, rel=1e-4)
+    # 4 x 1000 x 1000 x 7500 = 30 GFLOP of non-causal attention at the measured 30 GFLOP/s
+    attention = device.profile.attention_time(1, 1000, 1000, 1, 1, 7500, causal=False, dtype="fp32")
+    assert attention == pytest.approx(1.0, rel=1e-4)
     for c in m.comm:
-        t = collective_time(c.kind, c.nbytes, c.ranks, cluster.levels[0], calibration)
+        t = collective_time(c.kind, c.nbytes, c.ranks, cluster.levels[0], calibration.profile)
         assert t == pytest.approx(c.seconds, rel=1e-3)
 
 
-def test_side_file_loads_back_as_the_measured_calibration(tmp_path: Path):
-    """What `legato predict --cluster FILE` uses is ``measured_calibration``; the fork/join
-    probe is recorded in the measurement but not charged per kernel."""
+def test_side_file_loads_back_as_the_measured_profile(tmp_path: Path):
+    """What `legato predict --cluster FILE` uses is ``measured_profile``; the fork/join
+    probe is recorded in the measurement but not charged per kernel, and a CPU host has
+    no launch floor."""
     m = dataclasses.replace(_measurement(), threads=2, parallel_overhead_s=3e-5)
     path = write_cluster_file(m, tmp_path / "local.toml")
     loaded = calibration_beside(path)
-    assert loaded == measured_calibration(m)
-    assert loaded.gemm_peak_fraction(DEVICE_NAME) == 1.0 and loaded.base_latency_us == 0.0
-    assert loaded.kernel_overhead_s == 0.0 and loaded.launch_s == 0.0  # a CPU: no floor
+    assert loaded == dataclasses.replace(CALIBRATION, profile=measured_profile(m))
+    profile = loaded.profile
+    assert profile.gemm["fp32"].rate_tflops * 1e12 == pytest.approx(PEAK)  # achieved, as is
+    assert all(law.call_latency_us == 0.0 for law in profile.collectives.values())
+    assert loaded.kernel_overhead_s == 0.0 and profile.launch_overhead == 0.0  # a CPU: no floor
     assert read_measurement(path).parallel_overhead_s == pytest.approx(3e-5)
-    # a side file written before launch_s existed still means no launch floor
+    # a side file written before profiles existed: one line saying to measure again
     side = side_path(path)
     data = json.loads(side.read_text())
-    del data["calibration"]["launch_s"]
+    del data["profile"]
     side.write_text(json.dumps(data))
-    assert calibration_beside(path).launch_s == 0.0
+    with pytest.raises(ConfigError, match="run `legato calibrate` again"):
+        calibration_beside(path)
 
 
 def test_one_process_file_has_the_nominal_link(tmp_path: Path):

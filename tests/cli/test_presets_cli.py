@@ -58,3 +58,30 @@ def test_unknown_preset_exits_2(capsys, argv):
     assert cli.main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("legato: error: unknown") and err.count("\n") == 1
+
+
+def test_hardware_marks_unfitted_profile_laws(capsys, tmp_path):
+    """A device without micro data keeps datasheet priors, marked unfitted in `legato
+    hardware`; a device whose micro data fitted some laws names only the others."""
+    from legato.devices.registry import shipped_profile
+
+    assert cli.main(["hardware", "--json"]) == 0
+    devices = {d["name"]: d for d in json.loads(capsys.readouterr().out)["devices"]}
+    assert devices["a100-80g"]["unfitted"] == shipped_profile("a100-80g").unfitted()
+    assert "gemm.bf16" not in devices["a100-80g"]["unfitted"]
+    assert "collectives.inter_node" in devices["a100-80g"]["unfitted"]
+    rtx = devices["rtx4090"]
+    assert len(rtx["unfitted"]) == rtx["profile_laws"] > 0  # no micro data: all priors
+    assert cli.main(["hardware", "dgx-a100", "rtx4090-pcie"]) == 0
+    out = capsys.readouterr().out
+    assert "unfitted" in out and "all (datasheet priors)" in out and "host.launch" in out
+    # a device of the user's own: its priors, all unfitted
+    path = tmp_path / "mine.toml"
+    path.write_text(
+        'nodes = 1\ndevices_per_node = 2\n[device]\nname = "z1"\n'
+        "peak_tflops = {bf16 = 100.0}\nmemory_gib = 16.0\nmemory_bandwidth_gbps = 800.0\n"
+        'link = {name = "PCIe", bandwidth_gbps = 25.0, latency_us = 5.0}\n'
+    )
+    assert cli.main(["hardware", str(path), "--json"]) == 0
+    (mine,) = json.loads(capsys.readouterr().out)["devices"]
+    assert mine["name"] == "z1" and len(mine["unfitted"]) == mine["profile_laws"]

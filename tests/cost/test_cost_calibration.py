@@ -18,9 +18,13 @@ from legato.cost.calibration import (
 )
 from legato.cost.runtime import Runtime, kernels_per_pass
 from legato.cost.training_step import predict
+from legato.devices.laws import HostLaw
+from legato.devices.profile_file import read_profile, render_profile
+from legato.devices.registry import shipped_profile
 from legato.errors import ConfigError
 from legato.specs import load_cluster, load_model
 from legato.specs.strategy import Strategy
+from legato.specs.typed import tomllib
 
 OVERHEAD = 2e-4
 
@@ -30,36 +34,44 @@ def _write(path: Path, data: object) -> Path:
     return path
 
 
-def test_flat_file_overrides_and_lists_become_tuples(tmp_path: Path):
-    data = {
-        "gemm_half_dim": 12,
-        "peak_fraction_by_device": [["cpu", 1.0]],
-        "kernel_overhead_s": 1e-5,
-    }
+def _profile_file(tmp_path: Path) -> Path:
+    """A user's own profile: the shipped H100 one with a slower host."""
+    profile = replace(shipped_profile("h100"), device="my-h100")
+    profile = replace(profile, host=replace(profile.host, launch_us=25.0))
+    path = tmp_path / "my_h100.toml"
+    path.write_text(render_profile(profile, ["mine"]))
+    return path
+
+
+def test_flat_file_overrides_and_names_a_profile_beside_it(tmp_path: Path):
+    profile = read_profile(_profile_file(tmp_path))
+    data = {"framework_gib": 2.5, "kernel_overhead_s": 1e-5, "profile": "my_h100.toml"}
     cal = load_calibration(_write(tmp_path / "c.json", data))
-    assert cal == replace(
-        CALIBRATION,
-        gemm_half_dim=12.0,
-        peak_fraction_by_device=(("cpu", 1.0),),
-        kernel_overhead_s=1e-5,
-    )
-    assert cal.gemm_peak_fraction("cpu-measured") == 1.0
-    assert isinstance(cal.peak_fraction_by_device, tuple)
+    assert cal == replace(CALIBRATION, framework_gib=2.5, kernel_overhead_s=1e-5, profile=profile)
+    # the profile replaces whichever device's shipped one
+    assert cal.profile_of(load_cluster("dgx-a100").device).launch_overhead == pytest.approx(25e-6)
+    assert CALIBRATION.profile_of(load_cluster("dgx-a100").device) == shipped_profile("a100-80g")
 
 
-def test_side_file_uses_its_calibration_entry(tmp_path: Path):
-    side = {"measurement": {"nproc": 1}, "calibration": {"attention_fraction": 0.3}}
-    assert load_calibration(_write(tmp_path / "x.calibration.json", side)).attention_fraction == 0.3
+def test_side_file_uses_its_calibration_and_profile_entries(tmp_path: Path):
+    profile = tomllib.loads(_profile_file(tmp_path).read_text())
+    side = {"measurement": {"nproc": 1}, "calibration": {"framework_gib": 0.5},
+            "profile": profile}  # fmt: skip
+    cal = load_calibration(_write(tmp_path / "x.calibration.json", side))
+    assert cal.framework_gib == 0.5 and cal.profile.device == "my-h100"
 
 
 @pytest.mark.parametrize(
     "data, fragment",
     [
         ({"kernel_overhead": 1e-5}, "calibration.kernel_overhead: unknown field"),
-        ({"calibration": {"bogus": 1}}, "calibration.bogus: unknown field"),
-        ({"gemm_half_dim": "big"}, "calibration.gemm_half_dim"),
-        ({"peak_fraction_by_device": [["h100"]]}, "peak_fraction_by_device[0]"),
-        ({"calibration": [1, 2]}, "must be a JSON object"),
+        ({"calibration": {"bogus": 1}, "profile": {}}, "calibration.bogus: unknown field"),
+        ({"framework_gib": "big"}, "calibration.framework_gib"),
+        ({"profile": {"device": "x"}}, "profile.gemm: required table is missing"),
+        ({"profile": "none.toml"}, "none.toml"),
+        ({"profile": 3}, "profile must be a file name or a table"),
+        ({"calibration": [1, 2], "profile": {}}, "must be a JSON object"),
+        ({"calibration": {}}, "older `legato calibrate`"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path: Path, data, fragment):
@@ -78,10 +90,13 @@ def test_calibration_beside_a_cluster_file(tmp_path: Path):
     cluster.write_text("")
     assert side_path(cluster) == tmp_path / "local.calibration.json"
     assert calibration_beside(cluster) is None  # no side file
-    _write(side_path(cluster), {"calibration": {"kernel_overhead_s": OVERHEAD}})
-    # a side file is a CPU host's: no GPU launch floor unless it says so
-    want = replace(CALIBRATION, kernel_overhead_s=OVERHEAD, launch_s=0.0)
+    host = replace(shipped_profile("cpu"), host=HostLaw(0.0, 0.0, 0.0))
+    profile = tomllib.loads(render_profile(host, []))
+    _write(side_path(cluster), {"calibration": {"kernel_overhead_s": OVERHEAD}, "profile": profile})
+    # a side file is a CPU host's, with the host's own profile: no GPU launch floor
+    want = replace(CALIBRATION, kernel_overhead_s=OVERHEAD, profile=host)
     assert calibration_beside(cluster) == want
+    assert calibration_beside(cluster).profile.launch_overhead == 0.0
     assert calibration_beside("local-cpu") is None  # a preset name
 
 

@@ -181,15 +181,21 @@ def _timed(spec, cluster, strategy) -> float:
 
 
 def test_a_pass_is_never_shorter_than_the_host_takes_to_issue_its_kernels():
-    """launch_s is a floor, not an addition: a small model on tp=8 becomes host-bound
-    (m x kernels x launch_s, the device's work hidden under it), a large one's step does
-    not move."""
+    """The profile's launch cost is a floor, not an addition: a small model on tp=8
+    becomes host-bound (m x kernels x launch, the device's work hidden under it), a large
+    one's step does not move."""
     from dataclasses import replace
 
     from legato.cost.calibration import CALIBRATION
     from legato.cost.runtime import Runtime, kernels_per_pass
+    from legato.devices.registry import shipped_profile
 
-    slow_host = replace(CALIBRATION, launch_s=1e-3)
+    a100 = shipped_profile("a100-80g")
+
+    def launching(us: float):
+        return replace(CALIBRATION, profile=replace(a100, host=replace(a100.host, launch_us=us)))
+
+    slow_host = launching(1000.0)
     small = load_model("gpt3-1.7b").with_(num_layers=4)
     cluster = load_cluster("dgx-a100", nodes=1)
     s = Strategy(tp=8, mbs=1, gbs=4, recompute="full")
@@ -201,7 +207,7 @@ def test_a_pass_is_never_shorter_than_the_host_takes_to_issue_its_kernels():
     assert floor <= bound <= floor + free
     big = load_model("llama2-70b")
     s = Strategy(tp=8, pp=8, mbs=1, gbs=64, recompute="full")
-    host = replace(CALIBRATION, launch_s=30e-6)
+    host = launching(30.0)
     cluster = load_cluster("dgx-a100", nodes=8)
     assert predict(big, cluster, s, calibration=host).step_time_s == pytest.approx(
         predict(big, cluster, s).step_time_s, rel=1e-3

@@ -91,7 +91,8 @@ def measured_profile(m: Measurement) -> DeviceProfile:
     attention = AttentionLaw(m.attention_rate / 1e12, 0.0, 0.0, m.copy_bandwidth / 1e9, 0.0,
                              2.5, measured)  # fmt: skip
     memory = m.elementwise_bandwidth / 1e9
-    level = LevelLaw(1.0, 0.0, "alpha_beta", dict(collective_fits(m.comm)), measured)
+    kinds = {kind: (latency, gbps) for kind, latency, gbps in collective_fits(m.comm)}
+    level = LevelLaw(1.0, 0.0, "alpha_beta", kinds, measured)
     return DeviceProfile(
         device=DEVICE_NAME,
         description=f"this host, {m.nproc} process(es) x {m.threads} thread(s)",

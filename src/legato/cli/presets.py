@@ -1,4 +1,9 @@
-"""``legato models`` and ``legato hardware``: the presets, with exact sizes and links."""
+"""``legato models`` and ``legato hardware``: the presets, with exact sizes and links.
+
+``legato hardware`` also names, per device, the laws of its device profile that keep
+datasheet priors or were transferred from the same silicon (``DeviceProfile.unfitted``):
+no micro-benchmark of that device measured them.
+"""
 
 from __future__ import annotations
 
@@ -11,8 +16,10 @@ from rich.console import Console
 from rich.table import Table
 
 from legato.cost.flops import training_flops_per_token
+from legato.devices.registry import profile_for
 from legato.specs import (
     ClusterSpec,
+    DeviceSpec,
     ModelSpec,
     count_params,
     list_clusters,
@@ -119,10 +126,29 @@ def _cluster_row(cluster: ClusterSpec) -> dict:
     }
 
 
+def _device_row(device: DeviceSpec) -> dict:
+    """The device's spec and the laws of its profile no micro-benchmark of it fitted."""
+    profile = profile_for(device)
+    return {**to_dict(device), "unfitted": profile.unfitted(), "profile_laws": len(profile.fits())}
+
+
+def _unfitted_cell(device: dict) -> str:
+    unfitted = device["unfitted"]
+    if not unfitted:
+        return "-"
+    if len(unfitted) == device["profile_laws"]:
+        return "all (datasheet priors)"
+    return ", ".join(unfitted)
+
+
 def _hardware_tables(devices: list[dict], clusters: list[dict]) -> tuple[Table, Table]:
-    device_table = Table(title="Devices (dense peak; GB/s = 1e9 bytes/s)", box=box.SIMPLE)
-    for column in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s", "link"):
-        device_table.add_column(column, justify="left" if column in ("name", "link") else "right")
+    device_table = Table(title="Devices (dense peak; GB/s = 1e9 bytes/s; unfitted: profile "
+                         "laws no micro-benchmark of the device fitted)", box=box.SIMPLE)  # fmt: skip
+    columns = ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s", "link", "unfitted")
+    for column in columns:
+        device_table.add_column(
+            column, justify="left" if column in ("name", "link", "unfitted") else "right"
+        )
     for device in devices:
         peaks = device["peak_tflops"]
         link = device["link"]
@@ -133,6 +159,7 @@ def _hardware_tables(devices: list[dict], clusters: list[dict]) -> tuple[Table, 
             f"{device['memory_gib']:g}",
             f"{device['memory_bandwidth_gbps']:g}",
             f"{link['name']}: {link['bandwidth_gbps']:g} GB/s",
+            _unfitted_cell(device),
         )
     cluster_table = Table(
         title="Clusters (link bandwidth per device, one direction)", box=box.SIMPLE
@@ -156,7 +183,7 @@ def _run_hardware(args: argparse.Namespace, extra: list[str]) -> int:
         shown = list({spec.device.name: spec.device for spec in specs}.values())
     else:
         shown = [load_device(name) for name in list_devices()]
-    devices = [to_dict(device) for device in shown]
+    devices = [_device_row(device) for device in shown]
     clusters = [_cluster_row(spec) for spec in specs]
     if args.json:
         print(json.dumps({"devices": devices, "clusters": clusters}, indent=2))

@@ -59,7 +59,10 @@ def load_calibration(path: str | Path) -> Calibration:
     data = read_table_file(path, ConfigError)
     profile = None
     if "calibration" in data:  # a ``legato calibrate`` side file: a CPU host's measurements
-        profile = data.get("profile")
+        if "profile" not in data:  # its constants were Calibration fields that are gone
+            raise ConfigError(f"{path}: written by an older `legato calibrate` (no device "
+                              "profile); run `legato calibrate` again")  # fmt: skip
+        profile = data["profile"]
         data = data["calibration"]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: calibration must be a JSON object of Calibration fields")

@@ -2,8 +2,9 @@
 
 The device profile (``legato.devices``, fitted on micro-benchmarks) prices a GEMM by its
 shape (``[M, K] x [K, N]``: a rate that small dimensions lower, a kernel latency, never
-faster than its bytes over the memory bandwidth), fused attention by its FLOPs at the
-kernel's long-sequence rate, and streaming kernels (norms, activations, softmax, dropout,
+faster than its bytes over the memory bandwidth), fused attention by its query and key
+lengths and heads (the law fitted on attention kernels by sequence length), and streaming
+kernels (norms, activations, softmax, dropout,
 the optimizer step) by bytes over the bandwidth they achieve.
 
 FP8 training is tile-wise FP8 for the block linears only (``legato.precision``): they run
@@ -56,6 +57,8 @@ class DeviceModel:
 
     @classmethod
     def of(cls, device: DeviceSpec, dtype: str, calibration: Calibration) -> DeviceModel:
+        if dtype == "fp8":  # a device without fp8 tensor cores: said before any profile
+            device.peak_flops("fp8")
         matmul_dtype = {"fp8": "bf16"}.get(dtype, dtype)
         if matmul_dtype == "fp32" and "tf32" in device.peak_tflops:
             matmul_dtype = "tf32"  # fp32 training runs its matmuls on TF32 tensor cores
@@ -92,9 +95,15 @@ class DeviceModel:
             return gemm
         return gemm + self.memory_time(QUANTISE_BYTES * (g.m * g.k + g.k * g.n) * g.count)
 
-    def attention_time(self, flops: float) -> float:
-        """Fused attention kernel for ``flops`` of QK^T and AV."""
-        return flops / self.profile.attention_rate(self.dtype)
+    def attention_time(
+        self, batch: float, q_len: float, kv_len: float, heads: float, kv_heads: float,
+        head_dim: float, *, causal: bool, backward: bool = False,
+    ) -> float:  # fmt: skip
+        """One fused attention kernel in the training dtype, by its shape: the profile's
+        law, whose efficiency falls with short query blocks and short keys (see
+        ``DeviceProfile.attention_time``)."""
+        return self.profile.attention_time(batch, q_len, kv_len, heads, kv_heads, head_dim,
+                                           causal=causal, dtype=self.dtype, backward=backward)  # fmt: skip
 
     def memory_time(self, nbytes: float) -> float:
         return self.profile.memory_time(nbytes)

@@ -104,9 +104,10 @@ def layer_work(
         qk_elements + tokens * (model.num_kv_heads + model.num_heads) * v_dim / t
     )
     if runtime.flash_attention or c > 1:
-        pairs = s * (s + 1) / 2 / c
-        attn_fwd = device.attention_time(2 * b * heads * pairs * (qk_dim + v_dim))
-        attn_bwd = 2.5 * attn_fwd  # the backward recomputes the scores: 5 matmuls vs 2
+        attn_fwd, attn_bwd = (
+            _fused_attention(device, b, s, c, heads, _kv_heads(model) / t, (qk_dim + v_dim) / 2, bwd)
+            for bwd in (False, True)
+        )  # fmt: skip
     else:
         scores = [Gemm(s, s, qk_dim, b * heads), Gemm(s, v_dim, s, b * heads)]
         softmax_bytes = (2 * d + (2 * d + 1) * mask) * b * heads * s * s
@@ -147,6 +148,24 @@ def layer_work(
     k = kernels_per_pass(runtime)
     kernels = (k.block_fwd, k.block_bwd)
     return _work(device, linears, others, elementwise, comms, attn_fwd, attn_bwd, kernels)
+
+
+def _fused_attention(
+    device: DeviceModel, b: float, s: float, c: int, heads: float, kv_heads: float,
+    head_dim: float, backward: bool,
+) -> float:  # fmt: skip
+    """Fused causal attention of ``b`` sequences of ``s`` tokens, by the kernels' real
+    shapes (``head_dim``: the mean of the query/key and value widths, which keeps the
+    FLOPs). Under context parallelism ``c`` ring steps each run a kernel over the local
+    ``s / c`` queries: the first against its own keys (causal), the ``c - 1`` others, with
+    load-balanced (zigzag) chunks, against half as many keys, unmasked."""
+    q = s / c
+
+    def kernel(kv: float, causal: bool) -> float:
+        return device.attention_time(b, q, kv, heads, kv_heads, head_dim, causal=causal,
+                                     backward=backward)  # fmt: skip
+
+    return kernel(q, True) + (c - 1) * kernel(q / 2, False)
 
 
 def edge_work(

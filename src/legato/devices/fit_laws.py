@@ -142,15 +142,16 @@ def backward_ratio(rows: Sequence[AttentionRow]) -> float:
 
 
 def level_law(
-    timings: Sequence[CommTiming], bandwidth_gbps: float, network: bool, evidence: str
-) -> LevelLaw:
-    """NCCL's model with the level's bus share and call latency fitted; reported by
-    five-fold over the sizes (every fifth timing held out at a time: a rank count measured at
-    one size only cannot be held out whole)."""
-    fraction, call, _, _ = fit_level(timings, bandwidth_gbps, network)
+    timings: Sequence[CommTiming], bandwidth_gbps: float, network: bool, evidence: str,
+    call_us: float | None = None,
+) -> LevelLaw:  # fmt: skip
+    """NCCL's model with the level's bus share and call latency fitted (the latency held at
+    ``call_us`` when given); reported by five-fold over the sizes (every fifth timing held
+    out at a time: a rank count measured at one size only cannot be held out whole)."""
+    fraction, call, _, _ = fit_level(timings, bandwidth_gbps, network, call_us)
 
     def fit_and_predict(train, test):
-        f, c, _, _ = fit_level(train, bandwidth_gbps, network)
+        f, c, _, _ = fit_level(train, bandwidth_gbps, network, call_us)
         law = LevelLaw(f, c)
         predicted = [
             law.time(t.kind, t.nbytes, t.ranks, bandwidth_gbps, 0.0, network) for t in test

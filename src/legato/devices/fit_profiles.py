@@ -62,6 +62,11 @@ TRANSFERS = {"a100-40g": "a100-80g", "h100": "h200", "h200": "h100", "h800": "h1
 # Gb/s GPUDirect-TCPXO NICs per node (the sweep's repository name says A3 Mega), 25 GB/s per
 # GPU, and a ring through the 8 GPUs of a node uses all 8 NICs (``cost.mesh``): 8 x 25.
 INTER_NODE_GBPS = {"h100": 200.0}
+# Why the inter-node level keeps the intra-node call latency: a call's launch and kernel
+# start happen on the node, and NCCL's own network latencies (``collectives``) price the
+# hops of an InfiniBand/RoCE fabric; A3 Mega's 8-byte all-reduce takes ~125 us, the
+# software path of GPUDirect-TCPXO (TCP), which an RDMA fabric does not pay.
+INTER_CALL_WHY = "A3 Mega's ~125 us small all-reduce is TCPXO's TCP path, not RDMA's"
 
 
 def _gemm(folder: Path, device: str, memory_gbs: float) -> dict:
@@ -152,11 +157,12 @@ def _collectives(folder: Path, device: str, nominal: float, extra: list[CommTimi
             f"timings: collectives_vidur_torch_nccl.csv ({VIDUR}), collectives_nccl_tests_"
             f"published.csv ({AZURE}; {MLENG}) against the {nominal:g} GB/s link")  # fmt: skip
     inter = micro.nccl_tests_published(folder, where.get("nccl_tests_inter", ()), 2)
-    if inter and device in INTER_NODE_GBPS:
-        gbps = INTER_NODE_GBPS[device]
+    if inter and device in INTER_NODE_GBPS and "intra_node" in laws:
+        gbps, call = INTER_NODE_GBPS[device], laws["intra_node"].call_latency_us
         laws["inter_node"] = level_law(inter, gbps, True, f"{len(inter)} 2-node nccl-tests "
             f"all-reduce timings (GCP A3 Mega, {gbps:g} GB/s per 8-GPU ring) in "
-            "collectives_nccl_tests_published.csv")  # fmt: skip
+            "collectives_nccl_tests_published.csv: the bus share; the call latency is the "
+            f"intra-node fit's ({call:g} us: {INTER_CALL_WHY})", call)  # fmt: skip
     return laws
 
 

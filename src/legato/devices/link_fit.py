@@ -70,20 +70,26 @@ def fit_alpha_beta(timings: Sequence[CommTiming]) -> LinkFit:
 
 
 def fit_level(
-    timings: Sequence[CommTiming], bandwidth_gbps: float, network: bool
-) -> tuple[float, float, float, float]:
+    timings: Sequence[CommTiming], bandwidth_gbps: float, network: bool,
+    call_us: float | None = None,
+) -> tuple[float, float, float, float]:  # fmt: skip
     """``(bus_fraction, call_latency_us, median, mean relative error)`` of NCCL's model
     (``devices.collectives.nccl_time``) on a link of nominal ``bandwidth_gbps``: least
-    squares on the log of predicted over measured time, so every size weighs alike."""
+    squares on the log of predicted over measured time, so every size weighs alike.
+    ``call_us`` holds the call latency at that value (only the bus share is fitted)."""
     seconds = np.array([t.seconds for t in timings])
 
+    def unpack(x: np.ndarray) -> tuple[float, float]:
+        return math.exp(x[0]), call_us if call_us is not None else math.exp(x[1])
+
     def predicted(x: np.ndarray) -> np.ndarray:
-        fraction, call = math.exp(x[0]), math.exp(x[1]) * 1e-6
-        rate = bandwidth_gbps * fraction
+        fraction, call = unpack(x)
+        rate = bandwidth_gbps * fraction * 1e9
         return np.array([
-            call + nccl_time(t.kind, t.nbytes, t.ranks, rate * 1e9, network) for t in timings
+            call * 1e-6 + nccl_time(t.kind, t.nbytes, t.ranks, rate, network) for t in timings
         ])  # fmt: skip
 
-    x = least_squares(lambda x: np.log(predicted(x) / seconds), [math.log(0.8), math.log(10.0)]).x
+    start = [math.log(0.8)] + ([math.log(10.0)] if call_us is None else [])
+    x = least_squares(lambda x: np.log(predicted(x) / seconds), start).x
     errors = np.abs(predicted(x) / seconds - 1)
-    return math.exp(x[0]), math.exp(x[1]), float(np.median(errors)), float(errors.mean())
+    return *unpack(x), float(np.median(errors)), float(errors.mean())

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from legato.devices.collectives import LEVELS, LevelLaw
-from legato.devices.laws import AttentionLaw, GemmLaw, HostLaw, HostLinkLaw, MemoryLaw
+from legato.devices.laws import AttentionLaw, Fit, GemmLaw, HostLaw, HostLinkLaw, MemoryLaw
 from legato.errors import SpecError
 
 # bytes per element of a GEMM or attention operand in each dtype
@@ -99,10 +99,6 @@ class DeviceProfile:
             raise SpecError(f"profile {self.device} has no attention law for {dtype}")
         return law
 
-    def attention_rate(self, dtype: str) -> float:
-        """FLOP/s of long-sequence fused attention (the forward's asymptote)."""
-        return self.attention_law(dtype).rate_tflops * 1e12
-
     def memory_time(self, nbytes: float) -> float:
         """Seconds for streaming kernels moving ``nbytes`` (reads plus writes)."""
         return self.memory.time(nbytes)
@@ -135,11 +131,16 @@ class DeviceProfile:
         network = level != "intra_node"
         return law.time(op, nbytes, ranks, bandwidth_gbps, latency_us, network)
 
-    def unfitted(self) -> list[str]:
-        """The laws that keep datasheet priors (not fitted on micro-benchmarks)."""
+    def fits(self) -> list[tuple[str, Fit]]:
+        """Every law's name and where its constants come from."""
         parts = [(f"gemm.{d}", law.fit) for d, law in self.gemm.items()]
         parts += [(f"attention.{d}", law.fit) for d, law in self.attention.items()]
         parts += [("memory", self.memory.fit), ("host_link", self.host_link.fit)]
         parts += [("host.launch", self.host.fit), ("host.step", self.host.step_fit)]
         parts += [(f"collectives.{lv}", law.fit) for lv, law in self.collectives.items()]
-        return [name for name, fit in parts if not fit.fitted]
+        return parts
+
+    def unfitted(self) -> list[str]:
+        """The laws that keep datasheet priors or were transferred from the same silicon
+        (not fitted on this device's micro-benchmarks)."""
+        return [name for name, fit in self.fits() if not fit.fitted]
