@@ -6,20 +6,19 @@ A ``Job`` is what every rank of a run reads: the complete ``Strategy`` (``dp`` d
 keeps a second copy of its fields. Pure Python (no torch), so the command line rejects a
 strategy the runtime cannot place before it launches a process.
 
-What ``legato train`` executes (``legato.parallel.parallelize``): ``dp`` with ``zero``
+What ``legato train`` executes (``legato.parallel.parallelize``): every key of the
+priced keys' table (``specs.priced_keys``) on every model family -- ``dp`` with ``zero``
 0 (DDP), 1 (optimizer states and gradients sharded, parameters gathered for the whole
 step), 2 (FSDP2, parameters kept gathered between forward and backward) or 3 (FSDP2,
 resharded after forward); ``tp`` (Megatron column/row through ``parallelize_module``,
-vocabulary-parallel embedding, LM head and loss) with ``sp``, on dense models;
-``cp`` (attention over a load-balanced sequence split); ``ep`` (experts sharded over the
-``dp x cp`` ranks); ``recompute`` (selective or full); ``swap`` and ``loss_chunk``;
-``pp`` with every schedule of ``legato.schedule``, its stages laid out by the same
-appliers (tp with sp, cp, ep, recompute, swap, loss_chunk; replicas summed by one
-all-reduce for zero=0, FSDP2 inside each stage for zero 1-3); 2-D tp (``tp=AxB``, the
-planner's layout run op by op); ``dtype``, ``mbs``, ``gbs``. What is refused, each with
-its reason: ``etp``, tp on MoE / MLA / tied-embedding models, 2-D tp of block math its
-layout ops do not implement, ep under pp without FSDP2, and the cases in
-``_check_runtime``. The keys ``mbs``, ``gbs`` and
+vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings through
+``tensor_families``) with ``sp``; ``cp`` (attention over a load-balanced sequence split);
+``ep`` (experts sharded over the ``dp x cp`` ranks); ``recompute`` (selective or full);
+``swap`` and ``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages
+laid out by the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op);
+``dtype``, ``mbs``, ``gbs``. What is refused: the values the table marks (``etp``,
+``dtype=fp16``), and the combinations of ``_check_runtime`` and ``check_tensor_parallel``,
+each with its reason (docs/training.md lists them). The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -238,7 +237,8 @@ def _check_runtime(
     if s.ep > 1 and s.ep != s.dp * s.cp:
         raise StrategyError(
             f"{where}: ep={s.ep} must equal dp*cp = {s.dp * s.cp} (experts sharded over "
-            f"every rank of a stage that sees other tokens; ep < dp*cp is not run yet)"
+            f"exactly the ranks of a stage that see other tokens; tp ranks route the same "
+            f"tokens)"
         )
     if s.ep > 1 and s.zero < 2 and s.pp == 1:
         raise StrategyError(
