@@ -81,7 +81,7 @@ def policy_rows(case, rate: float, duration: float) -> list[dict]:
                 "model": model, "device": device, "adapters": count, "rank": rank,
                 "alpha": alpha, "cv": cv, "rate": rate, "policy": name,
                 "vllm_max_loras": slots, "kv_without_adapter": result["kv_without_adapter"],
-                "adapter_hit_rate": result["adapter_hit_rate"]},
+                "adapter_loads_per_request": result["adapter_loads_per_request"]},
                 "metric": metric, "value": result[metric], "baseline": "vllm",
                 "baseline_value": vllm[metric],
                 "ratio": result[metric] / vllm[metric] if vllm[metric] else None})  # fmt: skip

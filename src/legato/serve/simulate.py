@@ -205,7 +205,8 @@ def pool_figures(engine: Engine, requests: Sequence[Request], orphans: float) ->
     loads = memory.loads
     prompt_blocks = sum(len(r.prompt) // engine.config.block_size for r in requests)
     return {
-        "adapter_hit_rate": 1.0 - loads / with_adapter if with_adapter else 1.0,
+        # copies per request for an adapter (above 1: adapters evicted and loaded again)
+        "adapter_loads_per_request": loads / with_adapter if with_adapter else 0.0,
         "adapter_loads": loads,
         "kv_prefix_hit_blocks": blocks.hits,
         "kv_host_hit_blocks": memory.host_kv.hits,
