@@ -48,9 +48,10 @@ MATRIX: dict[str, dict[int, list[str]]] = {
     },
     "tiny-moe": {
         1: ["", "recompute=full"],
-        2: ["zero=3", "zero=0", "ep=2,zero=3", "pp=2,schedule=1f1b"],
+        2: ["zero=3", "zero=0", "ep=2,zero=3", "pp=2,schedule=1f1b", "tp=2", "tp=2,sp=1"],
         4: ["dp=4,mbs=3", "ep=4,dp=4,mbs=3,zero=3", "pp=2,dp=2,mbs=3,zero=0",
-            "pp=2,ep=2,dp=2,mbs=3,zero=1"],
+            "pp=2,ep=2,dp=2,mbs=3,zero=1", "tp=2,ep=2,dp=2,mbs=3,zero=3",
+            "tp=2,sp=1,ep=2,dp=2,mbs=3,zero=2"],
     },
 }  # fmt: skip
 QUICK = {"tiny": {1: ["", "recompute=full"], 2: ["zero=3", "tp=2", "cp=2"]}}

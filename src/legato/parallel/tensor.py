@@ -70,19 +70,17 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     vocabulary = RowwiseParallel(
         input_layouts=Replicate(), output_layouts=stream, use_local_output=not strategy.sp
     )
-    tied = getattr(model, "output_embedding", None)  # a last stage's tied embedding
-    if tied is not None and isinstance(tied.weight, DTensor):  # laid out with the first stage
-        tied = None
     ends = [
         (decoder.embed_tokens, vocabulary),
-        (tied if tied is not decoder.embed_tokens else None, vocabulary),
+        (getattr(model, "output_embedding", None), vocabulary),  # a last stage's tied one
         (model.lm_head, ColwiseParallel(
             input_layouts=stream, output_layouts=Shard(-1), use_local_output=False
         )),
         (decoder.norm if strategy.sp else None, SequenceParallel()),
     ]  # fmt: skip
     for module, style in ends:
-        if module is not None:
+        # a tied embedding is one module for the first and the last stage: laid out once
+        if module is not None and not isinstance(module.weight, DTensor):
             parallelize_module(module, tp_mesh, style)
     if model.spec.tied_embeddings and decoder.norm is not None:
         apply_tied_head(decoder.norm, tp_mesh, stream)

@@ -409,6 +409,10 @@ class PipelineRunner:
         if weight.grad is None:
             weight.grad = torch.zeros_like(weight)
         grad = weight.grad
+        if isinstance(grad, DTensor) and grad.placements != weight.placements:
+            # tp: the head's gradient may come out of DTensor's matmul whole; both copies
+            # must be sent as the same vocabulary shard
+            grad = weight.grad = grad.redistribute(weight.device_mesh, weight.placements)
         mine = grad.to_local() if isinstance(grad, DTensor) else grad
         theirs = torch.empty_like(mine)
         peer = peer if self.group is None else dist.get_global_rank(self.group, peer)
