@@ -195,7 +195,12 @@ def _calibrated_cluster(tmp_path, overhead: float):
     cluster = tmp_path / "local.toml"
     cluster.write_text('device = "cpu"\ndevices_per_node = 2\n'
                        'intra_node = { name = "gloo", bandwidth_gbps = 5, latency_us = 20.0 }\n')  # fmt: skip
-    side = {"measurement": {}, "calibration": {"kernel_overhead_s": overhead}}
+    from legato.devices.profile_file import render_profile
+    from legato.devices.registry import shipped_profile
+    from legato.specs.typed import tomllib
+
+    profile = tomllib.loads(render_profile(shipped_profile("cpu"), []))  # the host's profile
+    side = {"measurement": {}, "calibration": {"kernel_overhead_s": overhead}, "profile": profile}
     (tmp_path / "local.calibration.json").write_text(json.dumps(side))
     return cluster
 

@@ -71,7 +71,7 @@ def test_side_file_uses_its_calibration_and_profile_entries(tmp_path: Path):
         ({"profile": "none.toml"}, "none.toml"),
         ({"profile": 3}, "profile must be a file name or a table"),
         ({"calibration": [1, 2], "profile": {}}, "must be a JSON object"),
-        ({"calibration": {}}, "older `legato calibrate`"),
+        ({"measurement": {}, "calibration": {}}, "older `legato calibrate`"),
     ],
 )
 def test_bad_files_are_one_line_errors(tmp_path: Path, data, fragment):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -88,3 +89,20 @@ def test_collectives_pick_nccls_cheapest_algorithm() -> None:
     assert 5e-6 < small < 100e-6
     busbw = 2**30 * 2 * 7 / 8 / large / 1e9
     assert 150 < busbw < 300
+
+
+def test_priors_keep_a_slow_devices_rates() -> None:
+    """A CPU-class device's datasheet figures (fractions of a TFLOP/s) stay non-zero in
+    its priors: every law can price work (a cluster file of a measured host without its
+    side file uses them)."""
+    from legato.devices.priors import prior_profile
+    from legato.specs import load_cluster
+
+    device = load_cluster("local-cpu").device
+    slow = dataclasses.replace(
+        device, peak_tflops={k: v / 1000 for k, v in device.peak_tflops.items()}
+    )
+    profile = prior_profile(slow)
+    assert all(law.rate_tflops > 0 for law in (*profile.gemm.values(), *profile.attention.values()))
+    assert profile.attention_time(1, 256, 256, 4, 2, 32, dtype=next(iter(profile.attention))) > 0
+    assert set(profile.unfitted()) == {name for name, _ in profile.fits()}

@@ -9,7 +9,8 @@ measured, or a user's own measurements.
 ``load_calibration`` reads such constants back: a JSON object of ``Calibration`` fields
 (those missing keep ``CALIBRATION``'s values; ``profile`` a path to a profile file,
 relative to the JSON file), or a ``legato calibrate`` side file whose ``"calibration"``
-entry is that object and whose ``"profile"`` entry is the host's profile;
+entry is that object and whose ``"profile"`` entry is the host's profile (a side file
+with measurements and no profile was written by an older ``legato calibrate``: an error);
 ``side_path`` names the side file of a cluster file, ``calibration_beside`` loads it when
 it is there.
 """
@@ -59,10 +60,10 @@ def load_calibration(path: str | Path) -> Calibration:
     data = read_table_file(path, ConfigError)
     profile = None
     if "calibration" in data:  # a ``legato calibrate`` side file: a CPU host's measurements
-        if "profile" not in data:  # its constants were Calibration fields that are gone
+        if "measurement" in data and "profile" not in data:  # an older calibrate's file
             raise ConfigError(f"{path}: written by an older `legato calibrate` (no device "
                               "profile); run `legato calibrate` again")  # fmt: skip
-        profile = data["profile"]
+        profile = data.get("profile")
         data = data["calibration"]
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: calibration must be a JSON object of Calibration fields")

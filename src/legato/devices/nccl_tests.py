@@ -1,9 +1,9 @@
-"""Read nccl-tests output as measured collectives (``cost.link_fit`` fits them).
+"""Read nccl-tests output as measured collectives (``devices.link_fit`` fits them).
 
 ``all_reduce_perf`` prints one row per message size: size in bytes, element count, type,
 then time (us) and bus bandwidth for out-of-place and in-place runs (the calibration
 files hold the time in ns instead: ``time_unit``). A user who measures their own cluster
-feeds the rows to ``link_fit.fit_level`` (``legato hardware fit --nccl-tests``) and
+feeds the rows to ``fit_laws.level_law`` (docs/cost_model.md, "Importing") and
 puts the result in a device profile.
 """
 

@@ -34,6 +34,11 @@ LAUNCH_EVIDENCE = ("PyTorch eager per-op host time: dispatch + autograd ~7 us (p
                    "of kernel-less view/transpose ops (#41383); no micro data measures it")  # fmt: skip
 
 
+def _figure(x: float) -> float:
+    """``x`` to 6 significant figures (a CPU's TFLOP/s must not round to zero)."""
+    return float(f"{x:.6g}")
+
+
 def prior(what: str) -> Fit:
     return Fit(fitted=False, evidence=f"prior: {what}")
 
@@ -41,13 +46,13 @@ def prior(what: str) -> Fit:
 def prior_profile(device: DeviceSpec) -> DeviceProfile:
     """Every law from ``device``'s datasheet figures and the rules above."""
     gemm = {
-        dtype: GemmLaw(round(tflops * GEMM_FRACTION, 3), HALF_DIM, KERNEL_LATENCY_US,
+        dtype: GemmLaw(_figure(tflops * GEMM_FRACTION), HALF_DIM, KERNEL_LATENCY_US,
                        prior(f"{GEMM_FRACTION} of the datasheet {dtype} peak, half_dim {HALF_DIM:g}"))
         for dtype, tflops in device.peak_tflops.items()
     }  # fmt: skip
-    memory = round(device.memory_bandwidth_gbps * MEMORY_FRACTION, 1)
+    memory = _figure(device.memory_bandwidth_gbps * MEMORY_FRACTION)
     attention = {
-        dtype: AttentionLaw(round(tflops * ATTENTION_FRACTION, 3), 0.0, 0.0, memory, KERNEL_LATENCY_US,
+        dtype: AttentionLaw(_figure(tflops * ATTENTION_FRACTION), 0.0, 0.0, memory, KERNEL_LATENCY_US,
                             BACKWARD_RATIO,
                             prior(f"{ATTENTION_FRACTION} of the datasheet {dtype} peak"))
         for dtype, tflops in device.peak_tflops.items() if dtype != "fp32"
