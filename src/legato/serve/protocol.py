@@ -74,6 +74,9 @@ class CompletionRequest(_Sampling):
         return tokenizer.encode(prompt)
 
 
+OPENAI_ROLES = ("system", "developer", "user", "assistant", "tool")  # without a template
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # e.g. tool_calls: what the template reads
 
@@ -97,6 +100,13 @@ class ChatRequest(_Sampling):
         message, ``role: content``, then ``assistant:`` for the answer."""
         template = tokenizer.chat_template
         if template is None:
+            for i, m in enumerate(self.messages):
+                if m.role not in OPENAI_ROLES:
+                    where = f"messages.{i}.role"
+                    raise RequestError(
+                        f"{where}: must be one of {', '.join(OPENAI_ROLES)} (this model has no "
+                        f"chat template to take others), got {m.role!r}", 400, where,
+                    )  # fmt: skip
             lines = [f"{m.role}: {m.content}" for m in self.messages]
             return tokenizer.encode("\n".join([*lines, "assistant:"]))
         messages = [m.model_dump() for m in self.messages]

@@ -18,11 +18,13 @@ process starts.
 
 from __future__ import annotations
 
-import torch
-from torch import nn
+from typing import TYPE_CHECKING
 
 from legato.errors import ConfigError
 from legato.specs.strategy import Strategy
+
+if TYPE_CHECKING:
+    from torch import nn
 
 FIELD = "train.compile"
 # strategy key -> why a compiled block does not run under it (a degree > 1 refuses)
@@ -55,7 +57,12 @@ def check_compile(strategy: Strategy) -> None:
 
 def compile_blocks(module: nn.Module, backend: str) -> int:
     """Compile the forward of every block in ``module`` (a model, a laid-out model or a
-    pipeline's stages) with ``backend``; returns how many."""
+    pipeline's stages) with ``backend``; returns how many. torch is imported here, not at
+    the top: ``train.config`` checks the refusals, and ``legato plan`` writes configs
+    without importing torch."""
+    import torch
+    from torch import nn
+
     count = 0
     for owner in module.modules():
         blocks = getattr(owner, "blocks", None)
