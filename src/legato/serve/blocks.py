@@ -56,6 +56,11 @@ class BlockManager:
         self._by_age: list[tuple[float, int, int]] = []
         self._idle_since = [0] * num_blocks
         self._idled = 0
+        # what ELORA's policy reads on every eviction, kept as the blocks change rather
+        # than found by scanning the pool: idle blocks with no cached successor (the
+        # tree's leaves, by when they became idle) and committed blocks per adapter
+        self.idle_leaves: dict[int, None] = {}
+        self.owned: dict[str | None, int] = {}
 
     @property
     def in_use(self) -> int:
@@ -98,10 +103,14 @@ class BlockManager:
     def evict(self, block: int) -> None:
         """Forget the idle cached ``block``: its prefix must be recomputed from now on."""
         del self.idle[block]
+        self.idle_leaves.pop(block, None)
         del self.by_hash[self.hash_of[block]]
+        self.owned[self.owner[block]] -= 1
         parent = self.parent[block]
         if parent is not None:
             self.children[parent].discard(block)
+            if not self.children[parent] and parent in self.idle:
+                self.idle_leaves[parent] = None
         for child in self.children[block]:  # an LRU may evict a parent first
             self.parent[child] = None
         self.children[block] = set()
@@ -111,6 +120,10 @@ class BlockManager:
 
     def is_leaf(self, block: int) -> bool:
         return not self.children[block]
+
+    def idle_order(self, block: int) -> int:
+        """When the idle ``block`` became idle, as a count (its place in ``idle``)."""
+        return self._idle_since[block]
 
     def commit(
         self, block: int, hashed: Hash, adapter: str | None = None, parent: int | None = None,
@@ -122,9 +135,11 @@ class BlockManager:
             self.hash_of[block] = hashed
             self.by_hash[hashed] = block
             self.owner[block], self.parent[block] = adapter, parent
+            self.owned[adapter] = self.owned.get(adapter, 0) + 1
             self.last_used[block] = now
             if parent is not None:
                 self.children[parent].add(block)
+                self.idle_leaves.pop(parent, None)
 
     def release(self, blocks: Sequence[int]) -> None:
         """A request is done with ``blocks`` (finished, preempted or aborted)."""
@@ -137,6 +152,8 @@ class BlockManager:
                     self.free.append(block)
                 else:
                     self.idle[block] = None
+                    if not self.children[block]:
+                        self.idle_leaves[block] = None
                     self._idled += 1
                     self._idle_since[block] = self._idled
                     heapq.heappush(self._by_age, (self.last_used[block], self._idled, block))
@@ -155,6 +172,7 @@ class BlockManager:
     def _take(self, block: int) -> None:
         if self.refs[block] == 0:
             self.idle.pop(block, None)
+            self.idle_leaves.pop(block, None)
         self.refs[block] += 1
 
     def check(self) -> None:
@@ -164,6 +182,9 @@ class BlockManager:
         assert all(self.refs[b] == 0 and self.hash_of[b] is None for b in self.free)
         assert all(self.refs[b] == 0 and self.hash_of[b] is not None for b in self.idle)
         assert all(self.hash_of[b] == h for h, b in self.by_hash.items())
+        assert set(self.idle_leaves) == {b for b in self.idle if self.is_leaf(b)}
+        owners = [self.owner[b] for b in self.by_hash.values()]
+        assert {a: n for a, n in self.owned.items() if n} == {a: owners.count(a) for a in owners}
         for block in range(self.num_blocks):
             kids = {b for b in self.by_hash.values() if self.parent[b] == block}
             assert self.children[block] == kids

@@ -66,7 +66,7 @@ class EngineConfig:
     link_gbps: float = DEFAULT_LINK_GBPS  # host -> device adapter copies
 
 
-@dataclass
+@dataclass(eq=False)  # a request is itself: queue membership by identity, not by fields
 class Request:
     id: str
     adapter: str | None
@@ -466,6 +466,8 @@ class Engine:
         running requests not in this step's batch (``keep``) give theirs up first, then
         ``request`` itself (else False and nothing changes)."""
         need = self.blocks.blocks_for(tokens) - len(request.blocks)
+        if need <= 0:  # most steps of most requests: a decode token in a block it holds
+            return True
         while need > len(self.blocks.free) and need > self.memory.evictable():
             victims = [r for r in self.running if r is not request and r not in keep]
             if not preempt or not victims:
@@ -514,7 +516,9 @@ class Engine:
             return
         request.output.append(token)
         text = self.tokenizer.decode(request.output)
-        cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
+        cut = -1
+        if params.stop:
+            cut = min((i for s in params.stop if (i := text.find(s)) >= 0), default=-1)
         request.text = text if cut < 0 else text[:cut]
         if cut >= 0:
             self._finish(request, "stop")

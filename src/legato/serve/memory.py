@@ -78,6 +78,7 @@ class AdapterSlot:
     error: str | None = None  # its last load failed (its folder unreadable): why
     due: float = 0.0  # when its copy has crossed the link
     copied: bool = False  # the copy thread is done with its load
+    landed_at: int = 0  # the pool's count of landings when it last landed (ties: first)
 
     @property
     def landed(self) -> bool:
@@ -180,6 +181,11 @@ class DeviceMemory:
         self.slot_blocks: int | None = None
         self.adapters: dict[str, AdapterSlot] = {}
         self.resident_slots: dict[str, AdapterSlot] = {}  # those on the device, by name
+        # resident and pinned by no request (the policies' candidates, kept as pins change
+        # rather than found by scanning every adapter on each eviction), and all pins
+        self.idle_slots: dict[str, AdapterSlot] = {}
+        self.pins = 0
+        self.landings = 0
         self.swapped_in_bytes = 0  # adapters and KV blocks, host -> device
         self.loads = 0  # adapter copies started (on demand or prefetched)
         self.host_kv = HostKV(host_kv_blocks)
@@ -278,19 +284,25 @@ class DeviceMemory:
         if name is not None:
             slot = self.adapters[name]
             slot.pins, slot.visits, slot.last_used = slot.pins + 1, slot.visits + 1, now
+            self.pins += 1
+            self.idle_slots.pop(name, None)
 
     def unpin(self, name: str | None) -> None:
         if name is not None:
-            self.adapters[name].pins -= 1
+            slot = self.adapters[name]
+            slot.pins -= 1
+            self.pins -= 1
+            if not slot.pins and slot.state == "resident":
+                self.idle_slots[name] = slot
 
     def _load(self, slot: AdapterSlot, now: float, evict: bool = True) -> bool:
         need = self.blocks_of(slot.name)
         if self.region is not None:  # a slot of vLLM's: the LRU idle adapter leaves
             while len(self.region) < need:
-                idle = self.idle_adapters()
-                if not idle or not evict:
+                if not self.idle_slots or not evict:
                     return False
-                self._drop_adapter(min(idle, key=lambda s: s.last_used))
+                idle = self.idle_slots.values()
+                self._drop_adapter(min(idle, key=lambda s: (s.last_used, s.landed_at)))
             slot.blocks = [self.region.pop() for _ in range(need)]
         else:
             if not (self.make_room(need, now, for_adapter=slot.name) if evict
@@ -313,6 +325,7 @@ class DeviceMemory:
             self.blocks.release(slot.blocks)
         slot.blocks, slot.state, slot.resident = [], "host", None
         self.resident_slots.pop(slot.name, None)
+        self.idle_slots.pop(slot.name, None)
         self._trim_host()
 
     # ------------------------------------------------------------------ room
@@ -337,9 +350,6 @@ class DeviceMemory:
         """Blocks ``make_room`` could free now (under this policy)."""
         return len(self.blocks.free) + self.policy.evictable(self, for_adapter)
 
-    def idle_adapters(self) -> list[AdapterSlot]:
-        return [s for s in self.resident_slots.values() if not s.pins]
-
     def tick(self, now: float) -> None:
         """Land finished copies; let the policy prefetch."""
         self.collect(now)
@@ -357,12 +367,12 @@ class DeviceMemory:
     def kv_without_adapter(self) -> float:
         """The share of device KV blocks held for an adapter that is not resident (useless
         until it comes back; vLLM's split wastes ~40% in ELORA's traces)."""
-        held = [b for b in range(self.blocks.num_blocks) if self.blocks.owner[b] is not None]
+        held = sum(n for owner, n in self.blocks.owned.items() if owner is not None)
         if not held:
             return 0.0
-        gone = sum(1 for b in held if self.adapters.get(self.blocks.owner[b]) is None
-                   or self.adapters[self.blocks.owner[b]].state != "resident")  # fmt: skip
-        return gone / len(held)
+        gone = sum(n for owner, n in self.blocks.owned.items() if owner is not None
+                   and owner not in self.resident_slots)  # fmt: skip
+        return gone / held
 
     # ------------------------------------------------------------------ copies
 
@@ -419,6 +429,10 @@ class DeviceMemory:
         job.land(self.pool)
         if isinstance(job, AdapterSlot):  # a copy read from disk is a host copy again
             self.resident_slots[job.name] = job
+            self.landings += 1
+            job.landed_at = self.landings
+            if not job.pins:
+                self.idle_slots[job.name] = job
             self._trim_host(keep=job.name)
 
     def _await_copy(self, job, timeout_s: float) -> None:

@@ -44,17 +44,13 @@ def make_policy(name: str):
     return {"vllm": VllmPolicy, "slora": SloraPolicy, "elora": EloraPolicy}[name]()
 
 
-def _idle_kv(memory) -> list[int]:
-    return list(memory.blocks.idle)
-
-
 class VllmPolicy:
     name = "vllm"
     separate_slots = True
 
     def victim(self, memory, now: float, for_adapter: str | None):
-        idle = _idle_kv(memory)
-        return ("kv", idle[0]) if idle else None  # the idle list is in LRU order
+        block = next(iter(memory.blocks.idle), None)  # the idle list is in LRU order
+        return None if block is None else ("kv", block)
 
     def evictable(self, memory, for_adapter: str | None) -> int:
         return len(memory.blocks.idle)
@@ -73,14 +69,14 @@ class SloraPolicy(VllmPolicy):
     def victim(self, memory, now: float, for_adapter: str | None):
         blocks = memory.blocks
         block = blocks.least_recently_used_idle()
-        adapters = [s for s in memory.idle_adapters() if s.name != for_adapter]
-        oldest = min(adapters, key=lambda s: s.last_used, default=None)
+        adapters = (s for s in memory.idle_slots.values() if s.name != for_adapter)
+        oldest = min(adapters, key=lambda s: (s.last_used, s.landed_at), default=None)
         if oldest is not None and (block is None or oldest.last_used < blocks.last_used[block]):
             return "adapter", oldest.name  # a tie goes to the KV block
         return None if block is None else ("kv", block)
 
     def evictable(self, memory, for_adapter: str | None) -> int:
-        adapters = sum(len(s.blocks) for s in memory.idle_adapters() if s.name != for_adapter)
+        adapters = sum(len(s.blocks) for s in memory.idle_slots.values() if s.name != for_adapter)
         return len(memory.blocks.idle) + adapters
 
 
@@ -96,15 +92,25 @@ class EloraPolicy(SloraPolicy):
         if not (tree and cost_model):
             self.name = "elora" + ("" if tree else "-no-tree") + ("" if cost_model else "-lru")
         self.recent: deque[str | None] = deque(maxlen=RECENT)
+        self.observed = 0
+        self._low: tuple[tuple[int, int], float] | None = None  # (observed, batch), Low_lora
 
     def observe(self, adapter: str | None) -> None:
         """A request arrived for ``adapter`` (the recent mix the cost model reads)."""
         self.recent.append(adapter)
+        self.observed += 1
 
     def _low_lora(self, memory) -> float:
+        """``Low_lora``, recomputed only when the recent mix or the batch changed (the
+        evictions of one step read it many times)."""
         if not self.recent:
             return 1.0
-        batch = max(1, sum(s.pins for s in memory.adapters.values()))
+        batch = max(1, memory.pins)
+        if self._low is None or self._low[0] != (self.observed, batch):
+            self._low = (self.observed, batch), self._expected_adapters(batch)
+        return self._low[1]
+
+    def _expected_adapters(self, batch: int) -> float:
         counts: dict[str, int] = {}
         for name in self.recent:
             if name is not None:
@@ -115,28 +121,37 @@ class EloraPolicy(SloraPolicy):
     def _retain(self, cost_s: float, visits: int, idle_s: float) -> float:
         return cost_s * max(visits, 1) * (1 - 1 / (1 + math.exp(-idle_s)))
 
-    def _scores(self, memory, now: float, for_adapter: str | None):
+    def victim(self, memory, now: float, for_adapter: str | None):
+        """The candidate of the lowest Eval; of equal ones the KV block first idle, else
+        the adapter first landed (KV blocks before adapters)."""
         blocks, low = memory.blocks, self._low_lora(memory)
-        resident = sum(1 for s in memory.adapters.values() if s.state == "resident")
+        resident = len(memory.resident_slots)
         keep_all = min(1.0, resident / low)
         block_cost = memory.block_bytes / memory.link_bytes_per_s
-        for b in _idle_kv(memory):
-            if blocks.is_leaf(b) or not self.tree:
+        kv = None
+        for b in blocks.idle_leaves if self.tree else blocks.idle:
+            if self.cost_model:
                 retain = self._retain(block_cost, blocks.visits[b], now - blocks.last_used[b])
-                yield (keep_all * retain if self.cost_model else blocks.last_used[b]), "kv", b
-        owners = {blocks.owner[b] for b in range(blocks.num_blocks) if blocks.owner[b]}
-        for slot in memory.idle_adapters():
-            if slot.name == for_adapter or (self.tree and slot.name in owners):
+                key = (keep_all * retain, blocks.idle_order(b))
+            else:
+                key = (blocks.last_used[b], blocks.idle_order(b))
+            if kv is None or key < kv[0]:
+                kv = key, b
+        adapter = None
+        for slot in memory.idle_slots.values():
+            if slot.name == for_adapter or (self.tree and blocks.owned.get(slot.name)):
                 continue  # not a leaf: its KV blocks go first
-            cost = slot.numel * memory.element_size / memory.link_bytes_per_s
-            retain = self._retain(cost, slot.visits, now - slot.last_used)
-            lora_eval = min(1.0, (resident - 1) / low)
-            score = lora_eval * retain if self.cost_model else slot.last_used
-            yield score, "adapter", slot.name
-
-    def victim(self, memory, now: float, for_adapter: str | None):
-        best = min(self._scores(memory, now, for_adapter), default=None, key=lambda s: s[0])
-        return None if best is None else best[1:]
+            if self.cost_model:
+                cost = slot.numel * memory.element_size / memory.link_bytes_per_s
+                retain = self._retain(cost, slot.visits, now - slot.last_used)
+                key = (min(1.0, (resident - 1) / low) * retain, slot.landed_at)
+            else:
+                key = (slot.last_used, slot.landed_at)
+            if adapter is None or key < adapter[0]:
+                adapter = key, slot.name
+        if adapter is not None and (kv is None or adapter[0][0] < kv[0][0]):
+            return "adapter", adapter[1]
+        return None if kv is None else ("kv", kv[1])
 
     def prefetch(self, memory, now: float) -> list[str]:
         """Host adapters worth bringing in while the pool has room, best first."""
