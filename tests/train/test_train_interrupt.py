@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -99,3 +100,24 @@ def test_the_command_in_one_process_exits_130_after_a_stop(small_train_args, run
     lines = err.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("legato: interrupted at step "), lines
     assert (run_dir / "summary.json").is_file()
+
+
+def test_a_signal_as_the_run_dir_lock_is_registered_still_removes_it(
+    small_train_args, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lock is taken (``owned``'s enter) and then registered for release (the exit
+    stack): a signal landing between the two must not leave the lock behind."""
+    register = contextlib.ExitStack._push_cm_exit
+
+    def signalled(self, cm, exit_fn):
+        if getattr(getattr(cm, "gen", None), "__name__", "") == "owned":
+            os.kill(os.getpid(), signal.SIGTERM)  # its handler runs at the next bytecode
+        return register(self, cm, exit_fn)
+
+    monkeypatch.setattr(contextlib.ExitStack, "_push_cm_exit", signalled)
+    run = tmp_path / "run"
+    with pytest.raises(Interrupted, match="SIGTERM during set-up") as info:
+        Trainer(load_config(None, small_train_args(run))).fit()
+    # while the traceback lives (a caller handling it), nothing but the garbage collector
+    # could still release a lock whose release was never registered
+    assert info.traceback and sorted(p.name for p in run.iterdir()) == []

@@ -10,8 +10,10 @@ code for Ctrl-C), whichever of the two signals it got.
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import TYPE_CHECKING, Any
@@ -64,6 +66,19 @@ class StopSignals:
     def defer(self) -> None:
         """From now on a signal only sets ``received``; the loop reads it between steps."""
         self._deferred = True
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A set-up step no signal may cut in half (taking the run directory's lock and
+        registering its release): within the block a signal only sets ``received``, and
+        ``Interrupted`` is raised as the block ends, once what it took is accounted for."""
+        deferred, self._deferred = self._deferred, True
+        try:
+            yield
+        finally:
+            self._deferred = deferred
+        if not deferred and self.received is not None:
+            raise Interrupted(self.received)
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         self.received = signum

@@ -180,7 +180,8 @@ class Trainer:
         self.batch_split = cfg.train.batch_split or even_split(self.strategy.gbs, self.strategy.dp)
         self.layout_resolved.set()
         ctx.mesh = build_mesh(self.job, ctx.device.type)
-        run_dir, self._start = claim_run_dir(ctx, cfg, self._held)
+        with self.signals.held():  # the lock is never taken without its release
+            run_dir, self._start = claim_run_dir(ctx, cfg, self._held)
         # --run.fresh is done: the config as run, checkpointed and resumed, does not repeat it
         cfg = self.config = dataclasses.replace(cfg, run=dataclasses.replace(cfg.run, fresh=False))
         self.dataset, self.eval_set, tokenizer = self._load_data()
