@@ -97,7 +97,8 @@ def _task(tmp_path: Path) -> Path:
     return path
 
 
-def test_eval_takes_a_folder_and_scores_it_as_transformers_does(tmp_path, capsys):
+def test_eval_takes_a_folder_and_scores_it_as_transformers_does(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))  # its tokens are cached in ~/.cache/legato
     hf, folder = save_hf_folder("qwen2", qwen_folder(tmp_path / "q2"), vocab_size=512)
     text = tmp_path / "text.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
