@@ -3,7 +3,7 @@
 
 One table, in the lowest layer (no torch), read by every level that must agree on it: the
 runtime's checks (``parallel.job`` refuses a key value listed here with its reason, before
-any process starts), the tests (``tests/distributed/test_strategy_coverage.py`` trains
+any process starts), the tests (``tests/distributed/test_strategies.py`` trains
 every example on every model family it applies to and compares with one process;
 ``tests/parallel/test_priced_keys.py`` resolves every pair of examples), and a check that
 every field of ``Strategy`` has its row, so a key the planner learns to price is a key the
