@@ -37,11 +37,10 @@ from legato.lora.task_data import TaskStream, read_task_stream
 from legato.lora.trainer import MultiTaskTrainer, TaskStepRecord
 from legato.models import build_model, load_safetensors
 from legato.models.hf_checkpoint import INDEX_FILE, SINGLE_FILE
-from legato.models.hf_folder import is_hf_folder, load_weights
+from legato.models.hf_folder import is_hf_folder
 from legato.parallel.process_group import process_group
 from legato.train.config import ModelSection, resolve_model
-from legato.train.folder_tokenizer import folder_tokenizer
-from legato.train.trained_model import is_legato_run, load_trained
+from legato.train.trained_model import is_legato_run, load_hf_folder, load_trained
 
 _PROFILE_POINTS = 6
 
@@ -73,13 +72,9 @@ def load_base(config: FinetuneConfig, device: torch.device) -> tuple[MultiLoraMo
                 f"({weights}); the model comes from its config.json"
             )
         spec = resolve_model(ModelSection(str(weights), config.base.overrides))
-        model = build_model(spec, seed=config.run.seed, device=device, dtype=dtype)
-        try:
-            load_weights(model, weights)
-        except CheckpointError as exc:
-            raise CheckpointError(f"base.weights: {exc}") from None
-        tokenizer = folder_tokenizer(weights, config.run.tokenizer, "run.tokenizer")
-        return MultiLoraModel(model), tokenizer
+        folder = load_hf_folder(weights, "base.weights", spec=spec, tokenizer=config.run.tokenizer,
+                                tokenizer_field="run.tokenizer", device=device, dtype=dtype)  # fmt: skip
+        return MultiLoraModel(folder.model), folder.tokenizer
     tokenizer = load_tokenizer(config.run.tokenizer or "byte", where="run.tokenizer", trains=False)
     model = build_model(config.base.spec(), seed=config.run.seed, device=device, dtype=dtype)
     if weights is not None:

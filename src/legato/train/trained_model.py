@@ -19,16 +19,15 @@ from pathlib import Path
 
 import torch
 
-from legato.data import Tokenizer
-from legato.errors import CheckpointError, LegatoError
+from legato.data import Tokenizer, load_tokenizer
+from legato.errors import CheckpointError, DataError, LegatoError
 from legato.models import Transformer, build_model
 from legato.models.hf_folder import is_hf_folder, load_weights, read_spec
 from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict
 from legato.train import checkpoint as ckpt
 from legato.train.config import DataSection, ModelSection, TrainConfig
-from legato.train.folder_tokenizer import folder_tokenizer
-from legato.train.run_data import run_tokenizer
+from legato.train.run_data import TOKENIZER_FILE, run_tokenizer
 
 FOLDER_SEQ_LEN = 1024  # evaluation windows of a Hugging Face folder (its context if shorter)
 
@@ -98,21 +97,37 @@ def load_hf_folder(
     path: str | Path,
     where: str,
     *,
+    spec: ModelSpec | None = None,
     tokenizer: str | None = None,
+    tokenizer_field: str = "--tokenizer",
     device: torch.device | str = "cpu",
     dtype: torch.dtype | None = None,
 ) -> TrainedModel:
-    """The Hugging Face folder ``path`` as a trained model; ``tokenizer`` ('byte' or a
-    tokenizer.json) replaces the folder's own."""
+    """The Hugging Face folder ``path`` as a trained model. ``spec``: the model to build
+    (default the folder's own; e.g. with overrides applied); ``tokenizer`` ('byte' or a
+    tokenizer.json, named ``tokenizer_field`` in errors) replaces the folder's own."""
     folder = Path(path).expanduser()
-    served = folder_tokenizer(folder, tokenizer, "--tokenizer")
+    served = _folder_tokenizer(folder, tokenizer, tokenizer_field)
     try:
-        spec = read_spec(folder)
-        model = build_model(spec, seed=0, device="cpu")
+        spec = spec or read_spec(folder)
+        model = build_model(spec, seed=0, device=device, dtype=dtype)
         load_weights(model, folder)
     except LegatoError as exc:
         raise type(exc)(f"{where}: {exc}") from None
     data = DataSection(seq_len=min(spec.seq_len, FOLDER_SEQ_LEN))
     config = TrainConfig(model=ModelSection(init=str(folder)), data=data)
-    model = model.to(device=device, dtype=dtype).eval()
-    return TrainedModel(folder, None, 0, spec, config, model, served)
+    return TrainedModel(folder, None, 0, spec, config, model.eval(), served)
+
+
+def _folder_tokenizer(folder: Path, given: str | None, where: str) -> Tokenizer:
+    """``given`` ('byte' or a tokenizer.json path) when set, else ``folder``'s own; a
+    folder without one is an error rather than a silent byte tokenizer, whose ids would
+    mean nothing to the model."""
+    if given:
+        return load_tokenizer(given, where=where, trains=False)
+    if not (folder / TOKENIZER_FILE).is_file():
+        raise DataError(
+            f"{where}: {folder} has no {TOKENIZER_FILE}; give one ('byte' or a path to a "
+            f"{TOKENIZER_FILE})"
+        )
+    return load_tokenizer(folder, where=where, trains=False)
