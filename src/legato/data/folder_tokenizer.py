@@ -19,7 +19,7 @@ from typing import Any
 
 from legato.atomic import write_text_atomic
 from legato.data.chat_template import ChatTemplate, Message
-from legato.data.tokenizer import BpeTokenizer, read_tokenizer_json
+from legato.data.tokenizer import TOKENIZER_FILE, BpeTokenizer, read_tokenizer_json
 from legato.errors import DataError
 
 CONFIG_FILE = "tokenizer_config.json"
@@ -94,7 +94,7 @@ class FolderTokenizer(BpeTokenizer):
     def load(cls, folder: str | Path, where: str = "data.tokenizer") -> FolderTokenizer:
         """Read a model folder; what is missing or malformed is one DataError naming ``where``."""
         folder = Path(folder)
-        if not (folder / "tokenizer.json").is_file():
+        if not (folder / TOKENIZER_FILE).is_file():
             raise DataError(f"{where}: {folder} has no tokenizer.json (sentencepiece-only "
                             "folders are not read)")  # fmt: skip
         config_path = folder / CONFIG_FILE
@@ -104,7 +104,7 @@ class FolderTokenizer(BpeTokenizer):
             raise DataError(f"{where}: {config_path} is not readable JSON ({exc})") from None
         if not isinstance(config, dict):
             raise DataError(f"{where}: {config_path} must hold a JSON object")
-        backend = read_tokenizer_json(folder / "tokenizer.json", where)
+        backend = read_tokenizer_json(folder / TOKENIZER_FILE, where)
         template = _template_source(folder, config, f"{where}: {config_path}")
         return cls(backend, str(folder), where, config, template)
 

@@ -24,6 +24,8 @@ if TYPE_CHECKING:
 
     from legato.data.chat_template import ChatTemplate
 
+TOKENIZER_FILE = "tokenizer.json"  # the tokenizers library's file, as HF folders name it
+
 EOS_TOKEN = "<|endoftext|>"
 BYTE_PAD_TOKEN = "<|pad|>"
 # End-of-text spellings of common published tokenizer.json files, tried in order.
@@ -264,7 +266,7 @@ def load_tokenizer(
 
         if is_model_folder(path):
             return FolderTokenizer.load(path, where)
-        path = path / "tokenizer.json"
+        path = path / TOKENIZER_FILE
     if not path.is_file():
         allowed = "'byte', 'bpe'" if trains else "'byte'"
         raise DataError(
@@ -288,7 +290,7 @@ def _cached_bpe(
     key = fingerprint("bpe", stats, vocab_size, text_field)
     if cache_dir is None:
         with tempfile.TemporaryDirectory() as tmp:
-            return train_bpe(files, vocab_size, Path(tmp) / "tokenizer.json", text_field=text_field)
+            return train_bpe(files, vocab_size, Path(tmp) / TOKENIZER_FILE, text_field=text_field)
     path = Path(cache_dir) / f"tokenizer-{key}.json"
     if path.is_file():
         return BpeTokenizer.load(path)

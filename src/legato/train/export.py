@@ -19,6 +19,7 @@ from typing import Any
 
 from legato.atomic import make_temp_dir
 from legato.data import Tokenizer
+from legato.data.tokenizer import TOKENIZER_FILE
 from legato.errors import ConfigError
 from legato.models import Transformer
 from legato.models.hf_checkpoint import save_safetensors
@@ -72,7 +73,7 @@ def export_hf(
             {"eos_token_id": tok.eos_id, "pad_token_id": tok.pad_id, "bos_token_id": None},
         )
         save_safetensors(model, tmp, hf_style=arch.hf_style)
-        tok.save(tmp / "tokenizer.json")
+        tok.save(tmp / TOKENIZER_FILE)
         _write_json(tmp / "tokenizer_config.json", tokenizer_config(tok, model.spec.seq_len))
         _write_json(tmp / "legato_export.json", {**(source or {}), "architecture": arch.name})
         old = None

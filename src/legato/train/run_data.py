@@ -24,10 +24,9 @@ from legato.data import (
     prepare_tokens,
     split_tokens,
 )
+from legato.data.tokenizer import TOKENIZER_FILE
 from legato.errors import ConfigError, DataError
 from legato.train.config import DataSection
-
-TOKENIZER_FILE = "tokenizer.json"
 
 
 def _cache(data: DataSection) -> Path:

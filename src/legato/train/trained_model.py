@@ -20,6 +20,7 @@ from pathlib import Path
 import torch
 
 from legato.data import Tokenizer, load_tokenizer
+from legato.data.tokenizer import TOKENIZER_FILE
 from legato.errors import CheckpointError, DataError, LegatoError
 from legato.models import Transformer, build_model
 from legato.models.hf_folder import is_hf_folder, load_weights, read_spec
@@ -27,7 +28,7 @@ from legato.specs.model import ModelSpec
 from legato.specs.typed import from_dict
 from legato.train import checkpoint as ckpt
 from legato.train.config import DataSection, ModelSection, TrainConfig
-from legato.train.run_data import TOKENIZER_FILE, run_tokenizer
+from legato.train.run_data import run_tokenizer
 
 FOLDER_SEQ_LEN = 1024  # evaluation windows of a Hugging Face folder (its context if shorter)
 
