@@ -79,14 +79,20 @@ def attend(
 def windowed(mask: Tensor | None, window: int, length: int, device: torch.device) -> Tensor:
     """``mask`` (None = causal) restricted to the last ``window`` positions up to each
     query of a ``length``-token sequence, as a boolean or additive mask like ``mask``."""
-    query = torch.arange(length, device=device)[:, None]
-    key = torch.arange(length, device=device)[None, :]
-    band = (key <= query) & (query - key < window)
+    band = visible(torch.arange(length, device=device), length, window)
     if mask is None:
         return band
     if mask.dtype == torch.bool:
         return mask & band
     return mask.masked_fill(~band, float("-inf"))
+
+
+def visible(positions: Tensor, keys: int, window: int | None) -> Tensor:
+    """Boolean [len(positions), keys]: key j is seen by the query at position i when
+    j <= i and, with a sliding ``window``, i - j < window (HF's Mistral mask)."""
+    query, key = positions[:, None], torch.arange(keys, device=positions.device)[None, :]
+    seen = key <= query
+    return seen & (query - key < window) if window is not None else seen
 
 
 def grouped_sdpa(q: Tensor, k: Tensor, v: Tensor, attn_mask: object, is_causal: bool) -> Tensor:

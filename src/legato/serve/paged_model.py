@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from legato.errors import ConfigError
 from legato.lora.adapter import LoraAdapter
 from legato.lora.segmented import Segment, lora_forward
-from legato.models.attention import grouped_sdpa
+from legato.models.attention import grouped_sdpa, visible
 from legato.models.transformer import Transformer
 
 
@@ -136,11 +136,8 @@ class _PagedAttention:
             self.cache.write(module.layer_index, part, ks.transpose(0, 1), vs.transpose(0, 1))
             length = part.start + len(part.tokens)
             keys, values = self.cache.read(module.layer_index, part.blocks, length)
-            query = torch.arange(part.start, length, device=q.device)[:, None]
-            key = torch.arange(length, device=q.device)[None, :]
-            mask = key <= query
-            if module.sliding_window is not None:
-                mask &= query - key < module.sliding_window
+            positions = torch.arange(part.start, length, device=q.device)
+            mask = visible(positions, length, module.sliding_window)
             out = grouped_sdpa(
                 qs[None], keys.transpose(0, 1)[None], values.transpose(0, 1)[None], mask,
                 is_causal=False,
