@@ -160,7 +160,9 @@ def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank()
 def test_two_dimensional_tensor_parallel_refuses_block_math_its_layout_lacks() -> None:
     config = load_config(None, ["--parallel.strategy=tp=2x2,sp=1"])
     assert config.job(SPEC, 4).strategy.tp_y == 2
-    with pytest.raises(StrategyError, match=r"2-D tensor parallelism \(tp_y > 1\) of MoE layers, MLA, biases"):
+    with pytest.raises(
+        StrategyError, match=r"2-D tensor parallelism \(tp_y > 1\) of MoE layers, MLA, biases"
+    ):
         config.job(replace(SPEC, bias=True), 4)
 
 

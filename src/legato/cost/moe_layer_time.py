@@ -174,7 +174,10 @@ def moe_layer_time(
 
     def a2a(buffer_rows: float, width: float) -> float:
         return collective_time(
-            "all_to_all", buffer_rows * width * nbytes, work.ep, link,
+            "all_to_all",
+            buffer_rows * width * nbytes,
+            work.ep,
+            link,
             calibration.profile or device.profile,
         )
 
