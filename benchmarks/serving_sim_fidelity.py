@@ -3,12 +3,20 @@
 The real engine serves one workload (S-LoRA's generator: Gamma arrivals, power-law adapter
 popularity, uniform lengths; each adapter's prompts start with its own instruction, the
 prefix its KV blocks cache) in wall-clock time. A step-time model (``serve/step_fit.py``:
-seconds per step, per request, per new token, per attended position, per adapter) is
-fitted on the measured steps of a *different* run — another seed and another rate — and
-the simulator runs the first workload's arrivals on the same engine configuration with
-those predicted step times. Rows: mean TTFT and mean TPOT simulated against real (ratio
-simulated / real; the goal is within 15%), and the fitted model's error on the steps of
-the run it did not see.
+seconds per step, per request, per new token, per attended position, per adapter) prices
+the steps, and the simulator runs the same arrivals on the same engine configuration with
+those predicted step times: its schedule diverges from the real one as soon as one step
+is priced differently, so what is compared is the simulator's queueing and batching
+driven by a five-coefficient law, not a replay. Two fits, a row each:
+
+- ``fit=same_run``: the law fitted on the compared run's own steps (five coefficients over
+  ~2,000 steps: the law cannot memorise them). This is the simulator's fidelity.
+- ``fit=other_run``: fitted on a *different* run (another seed and rate). On this shared
+  machine two runs a minute apart differ in speed by up to ~20% (``machine_drift``: the
+  compared run's measured step seconds over what the other run's law predicts for the
+  same batches), which this row carries on top of the simulator's own error.
+
+Ratios are simulated / real (the goal: within 15%), medians over ``--repeats`` pairs.
 
     python benchmarks/serving_sim_fidelity.py [--num-prompts 200]
 """
@@ -89,21 +97,28 @@ def adapters_by_seq(arrivals) -> dict[int, str | None]:
 
 
 def one_pair(model, adapters, args, repeat: int) -> dict:
-    """Fit on one run, compare on another (seeds of this ``repeat``): the figures."""
+    """One compared run (seed of this ``repeat``) simulated under its own law and under
+    the law of another run: the figures of each."""
     names = list(adapters)
     fit_arrivals = workload(names, args.num_prompts, args.fit_rate, seed=1 + 2 * repeat)
     _, fit_records, _ = real_run(model, adapters, fit_arrivals)
-    steps = LinearStepTime.fit(logged_batches(fit_records, adapters_by_seq(fit_arrivals)))
+    other = LinearStepTime.fit(logged_batches(fit_records, adapters_by_seq(fit_arrivals)))
     arrivals = workload(names, args.num_prompts, args.rate, seed=2 + 2 * repeat)
     real, records, measured = real_run(model, adapters, arrivals)
-    held_out = logged_batches(records, adapters_by_seq(arrivals))
-    errors = [abs(steps.step_time(rows) / seconds - 1) for rows, seconds in held_out if seconds]
-    simulated = simulated_run(real, arrivals, steps.step_time)
-    note(BENCHMARK, repeat=repeat, fitted_seconds_per=steps.as_dict(),
-         step_time_median_abs_error=statistics.median(errors),
-         **{f"{m}_{k}": v[m] for m in ("mean_ttft_ms", "mean_tpot_ms")
-            for k, v in (("real", measured), ("simulated", simulated))})  # fmt: skip
-    return {"real": measured, "simulated": simulated, "error": statistics.median(errors)}
+    steps = logged_batches(records, adapters_by_seq(arrivals))
+    same = LinearStepTime.fit(steps)
+    out = {"real": measured}
+    for fit, law in (("same_run", same), ("other_run", other)):
+        errors = [abs(law.step_time(rows) / seconds - 1) for rows, seconds in steps if seconds]
+        predicted = sum(law.step_time(rows) for rows, _ in steps)
+        simulated = simulated_run(real, arrivals, law.step_time)
+        out[fit] = {"simulated": simulated, "error": statistics.median(errors),
+                    "drift": sum(seconds for _, seconds in steps) / predicted}  # fmt: skip
+        note(BENCHMARK, repeat=repeat, fit=fit, fitted_seconds_per=law.as_dict(),
+             step_time_median_abs_error=out[fit]["error"], machine_drift=out[fit]["drift"],
+             **{f"{m}_{k}": v[m] for m in ("mean_ttft_ms", "mean_tpot_ms")
+                for k, v in (("real", measured), ("simulated", simulated))})  # fmt: skip
+    return out
 
 
 def main() -> None:
@@ -120,17 +135,21 @@ def main() -> None:
     note(BENCHMARK, model="tiny", num_prompts=args.num_prompts, rate=args.rate,
          fit_rate=args.fit_rate, adapters=args.adapters, repeats=args.repeats, **CONFIG)  # fmt: skip
     pairs = [one_pair(model, adapters, args, k) for k in range(args.repeats)]
-    case = {"model": "tiny", "rate": args.rate, "fit_rate": args.fit_rate,
-            "requests": args.num_prompts, "policy": CONFIG["policy"], "repeats": args.repeats}  # fmt: skip
-    emit(BENCHMARK, case, "step_time_median_abs_error",
-         statistics.median(p["error"] for p in pairs), digits=4)  # fmt: skip
-    for metric in ("mean_ttft_ms", "mean_tpot_ms"):
-        ratios = [p["simulated"][metric] / p["real"][metric] for p in pairs]
-        ratio = statistics.median(ratios)
-        k = ratios.index(ratio) if ratio in ratios else 0
-        emit(BENCHMARK, case, metric, pairs[k]["simulated"][metric], "real_run",
-             pairs[k]["real"][metric], digits=3, ratio=ratio, ratio_digits=3,
-             ratios=[round(r, 3) for r in ratios], within_15pct=abs(ratio - 1) <= 0.15)  # fmt: skip
+    for fit in ("same_run", "other_run"):
+        case = {"model": "tiny", "rate": args.rate, "fit": fit, "requests": args.num_prompts,
+                "policy": CONFIG["policy"], "repeats": args.repeats}  # fmt: skip
+        if fit == "other_run":
+            case["fit_rate"] = args.fit_rate
+        emit(BENCHMARK, case, "step_time_median_abs_error",
+             statistics.median(p[fit]["error"] for p in pairs), digits=4,
+             machine_drift=[round(p[fit]["drift"], 3) for p in pairs])  # fmt: skip
+        for metric in ("mean_ttft_ms", "mean_tpot_ms"):
+            ratios = [p[fit]["simulated"][metric] / p["real"][metric] for p in pairs]
+            k = ratios.index(statistics.median_low(ratios))
+            emit(BENCHMARK, case, metric, pairs[k][fit]["simulated"][metric], "real_run",
+                 pairs[k]["real"][metric], digits=3, ratio=ratios[k], ratio_digits=3,
+                 ratios=[round(r, 3) for r in ratios],
+                 within_15pct=abs(ratios[k] - 1) <= 0.15)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ from legato.serve.clock import SimClock
 from legato.serve.decisions import DecisionLog, decisions
 from legato.serve.engine import EngineConfig
 from legato.serve.policies import EloraPolicy
-from legato.serve.sim_study import Deployment, build_engine
-from legato.serve.simulate import Arrival, arrivals_of, run
+from legato.serve.sim_study import Deployment, build_engine, meets_p99_ttft, simulate
+from legato.serve.simulate import Arrival, arrivals_of, pool_figures, run
 from legato.specs.registry import load_device, load_model
 
 # Llama-2-7B on an A100 with a small pool (about 780 blocks) and 60 adapters, 3x over
@@ -65,3 +65,59 @@ def test_a_fixed_simulation_decides_as_pinned(name):
     kinds = {k for r in records for k in r}
     assert {"admitted", "preempted", "load", "finished"} <= kinds  # a busy run
     assert digest(records) == DIGESTS[name]
+
+
+def test_the_kv_hit_rate_is_a_share_of_the_blocks_looked_up():
+    """Preempted requests look their blocks up again: hits are counted against every
+    lookup, so the rate stays a rate (it was hits over prompt blocks, above 1 under load)."""
+    config = EngineConfig(policy="elora", max_num_seqs=64, max_num_batched_tokens=2048,
+                          swap_space=2**30)  # fmt: skip
+    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 60, (8, 64),
+                   config=config, gpu_memory_utilization=0.3)  # fmt: skip
+    engine = build_engine(d, clock=SimClock())
+    requests, _, orphans = run(engine, _arrivals(d))
+    figures = pool_figures(engine, requests, orphans)
+    assert sum(r.preemptions for r in requests) > 0
+    found = engine.blocks.hits + engine.memory.host_kv.hits
+    assert figures["kv_hit_rate"] == found / engine.blocks.asked
+    assert 0 < figures["kv_hit_rate"] <= 1
+
+
+def test_a_task_instruction_is_a_prefix_each_adapter_finds_again():
+    """With ``instruction_len`` every prompt of an adapter begins with the same tokens, so
+    later requests of an adapter find its blocks; without, no two prompts share a block."""
+    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 2, (8,),
+                   config=EngineConfig(policy="elora"))  # fmt: skip
+    stream = workload.synthetic(40, 2.0, 1.0, d.adapter_names(), 1.0, (8, 64), (8, 16))
+    plain, taught = arrivals_of(stream, 4096), arrivals_of(stream, 4096, 64)
+    for a, b in zip(plain, taught, strict=True):
+        assert len(b.prompt) == len(a.prompt) + 64 and b.prompt[64:] == a.prompt
+    assert len({tuple(a.prompt[:64]) for a in taught}) == 1
+    assert len({a.prompt[0] for a in plain}) == len(plain)
+    hits = {}
+    for name, arrivals in (("plain", plain), ("taught", taught)):
+        engine = build_engine(d, clock=SimClock())
+        run(engine, arrivals)
+        hits[name] = engine.blocks.hits
+    assert hits["plain"] == 0 and hits["taught"] >= 4 * (len(taught) - 2)
+
+
+def test_a_capacity_probe_stopped_early_decides_as_the_whole_run():
+    """``meets_p99_ttft`` stops a run once its p99 TTFT cannot meet the SLO: at every rate,
+    under load and over it, its verdict is the whole run's."""
+    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 60, (8,),
+                   config=EngineConfig(policy="slora", max_num_seqs=64,
+                                       max_num_batched_tokens=2048),
+                   gpu_memory_utilization=0.3)  # fmt: skip
+    verdicts = []
+    for rate in (1.0, 4.0, 16.0, 64.0):
+        stream = workload.synthetic(int(rate * 20) + 5, rate, 1.0, d.adapter_names(), 1.0,
+                                    (8, 512), (8, 256))  # fmt: skip
+        arrivals = arrivals_of(stream, d.model.seq_len)
+        whole = simulate(d, arrivals, 0.5)
+        probe = meets_p99_ttft(d, arrivals, 0.5)
+        verdicts.append(whole["p99_ttft_ms"] <= 500)
+        assert (probe is not None) == verdicts[-1]
+        if probe is not None:
+            assert probe == whole
+    assert True in verdicts and False in verdicts

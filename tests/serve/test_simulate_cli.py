@@ -27,7 +27,9 @@ def test_a_small_slora_run_prints_the_bench_serve_figures(capsys):
     assert out.err == ""  # --json: no note on stderr
 
 
-@pytest.mark.parametrize("flag", [["--input-len", "64:8"], ["--rate", "-1"], ["--tp", "0"]])
+@pytest.mark.parametrize(
+    "flag", [["--input-len", "64:8"], ["--rate", "-1"], ["--tp", "0"], ["--instruction-len", "-1"]]
+)
 def test_a_bad_flag_is_one_line(capsys, flag):
     assert main([*SMALL, *flag, "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

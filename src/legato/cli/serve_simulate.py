@@ -35,6 +35,9 @@ def register(serve_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--rate-scale", type=float, default=1.0, help="trace arrivals sped up X")
     p.add_argument("--input-len", default="8:512", help="LO:HI prompt tokens (slora)")
     p.add_argument("--output-len", default="8:512", help="LO:HI output tokens (slora)")
+    p.add_argument("--instruction-len", type=int, default=0, metavar="N",
+                   help="tokens of each adapter's task instruction, before every prompt of "
+                   "it (a prefix its cached KV blocks serve again; 0: none, as S-LoRA)")  # fmt: skip
     p.add_argument("--policy", action="append", choices=[*POLICIES, "all"],
                    help="pool policy (repeatable; default elora)")  # fmt: skip
     p.add_argument("--max-loras", default="auto",
@@ -78,6 +81,7 @@ def _arrivals_at(args, deployment):
     from legato.serve.simulate import arrivals_of
 
     names, seq_len = deployment.adapter_names(), deployment.model.seq_len
+    instruction = args.instruction_len
     if args.workload == "slora":
         inputs, outputs = (
             _span(args.input_len, "--input-len"),
@@ -90,29 +94,33 @@ def _arrivals_at(args, deployment):
             n = max(1, int(rate * args.duration * 1.5) + 10)
             stream = workload.synthetic(n, rate, 1.0 / args.cv**2, names, args.alpha,
                                         inputs, outputs, args.seed)  # fmt: skip
-            return arrivals_of([r for r in stream if r.arrival_s < args.duration], seq_len)
+            return arrivals_of(
+                [r for r in stream if r.arrival_s < args.duration], seq_len, instruction
+            )
 
         return at
     if args.workload.endswith(".jsonl"):
         from legato.serve.request_log import read_request_log
 
         rows = read_request_log(args.workload)
-        return lambda _rate: arrivals_of(rows, seq_len)
+        return lambda _rate: arrivals_of(rows, seq_len, instruction)
     if not args.rate_scale > 0:
         raise ConfigError(f"--rate-scale: must be > 0, got {args.rate_scale}")
     stream = workload.azure_trace(args.workload, None, names, args.alpha, args.rate_scale,
                                   max_prompt=seq_len - 1, seed=args.seed)  # fmt: skip
     cut = [r for r in stream if r.arrival_s < args.duration]
-    return lambda _rate: arrivals_of(cut, seq_len)
+    return lambda _rate: arrivals_of(cut, seq_len, instruction)
 
 
 def _simulate(args: argparse.Namespace, _extra: list[str]) -> int:
     from dataclasses import replace
 
     from legato.serve.engine import EngineConfig
-    from legato.serve.sim_study import Deployment, best_max_loras, find_capacity, simulate
+    from legato.serve.sim_study import Deployment, best_max_loras, capacity, simulate
     from legato.specs.registry import load_device, load_model
 
+    if args.instruction_len < 0:
+        raise ConfigError(f"--instruction-len: must be >= 0, got {args.instruction_len}")
     for flag in ("tp", "num_adapters", "max_num_seqs", "max_num_batched_tokens", "block_size"):
         if getattr(args, flag) < 1:
             raise ConfigError(
@@ -136,7 +144,7 @@ def _simulate(args: argparse.Namespace, _extra: list[str]) -> int:
     for policy in policies:
         d = replace(base, config=replace(config, policy=policy))
         if args.find_capacity:
-            result = _capacity(args, d, arrivals_at, slo, find_capacity, best_max_loras)
+            result = capacity(d, arrivals_at, slo, _slots(args))
             print(json.dumps(result))
             continue
         for rate in rates:
@@ -170,23 +178,3 @@ def _one(args, d, arrivals, slo, simulate, best_max_loras) -> dict:
     best, result, goodputs = best_max_loras(d, arrivals, slo if slo else 1e9, slots)
     result.update(max_loras=best, max_loras_goodput={str(k): v for k, v in goodputs.items()})
     return result
-
-
-def _capacity(args, d, arrivals_at, slo, find_capacity, best_max_loras) -> dict:
-    """Capacity of ``d``; for vllm, of each --max-loras candidate, the best kept."""
-    from dataclasses import replace
-
-    if d.config.policy != "vllm":
-        rate, run = find_capacity(d, arrivals_at, slo)
-        return {"policy": d.config.policy, "capacity_rps": rate, "at_capacity": run}
-    found = {}
-    for slots in _slots(args):
-        case = replace(d, config=replace(d.config, max_loras=slots))
-        try:
-            found[slots] = find_capacity(case, arrivals_at, slo)
-        except ConfigError:
-            break
-    best = max(found, key=lambda s: found[s][0])
-    return {"policy": "vllm", "capacity_rps": found[best][0], "max_loras": best,
-            "capacity_by_max_loras": {str(k): v[0] for k, v in found.items()},
-            "at_capacity": found[best][1]}  # fmt: skip

@@ -51,6 +51,7 @@ class BlockManager:
         self.last_used = [0.0] * num_blocks
         self.visits = [0] * num_blocks
         self.hits = 0  # blocks found by prefix
+        self.asked = 0  # whole blocks looked up by prefix (hits / asked: the hit rate)
         # idle blocks by (last use, when they became idle): a lazy heap, an entry stale
         # once its block left the idle list or came back to it later (``_idle_since``)
         self._by_age: list[tuple[float, int, int]] = []
@@ -79,6 +80,7 @@ class BlockManager:
         """The cached blocks of the longest committed prefix of ``tokens`` (whole blocks,
         never the last token, which must be computed to give logits); each is now in use."""
         found, parent, size = [], root, self.block_size
+        self.asked += (len(tokens) - 1) // size
         for start in range(0, (len(tokens) - 1) // size * size, size):
             parent = block_hash(parent, tokens[start : start + size])
             block = self.by_hash.get(parent)

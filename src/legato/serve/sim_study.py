@@ -1,8 +1,9 @@
 """A multi-LoRA deployment on a modelled GPU, as ``legato serve simulate`` and
 ``benchmarks/serving_at_scale.py`` ask about it: the engine of a model with N adapters on a
 device (``build_engine``), one run (``simulate``), the highest request rate that meets a
-p99 TTFT SLO (``find_capacity``, Vidur-Search's question) and vLLM's ``--max-loras`` tuned
-per case (``best_max_loras``).
+p99 TTFT SLO (``find_capacity``, Vidur-Search's question; ``capacity`` for any policy, vLLM's
+with its ``--max-loras`` tuned) and vLLM's ``--max-loras`` tuned per case
+(``best_max_loras``).
 
 Sizes follow vLLM: the device's memory times ``gpu_memory_utilization``, less the weights
 (split over ``tp``) and an activation reserve, is the pool, in blocks of ``block_size``
@@ -13,6 +14,7 @@ host-to-device bandwidth.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -114,14 +116,35 @@ def build_engine(d: Deployment, steps=None, clock=None, decision_log=None) -> En
 
 
 def simulate(d: Deployment, arrivals: Sequence[Arrival], slo_ttft_s: float | None = None,
-             slo_tpot_s: float | None = None) -> dict:  # fmt: skip
-    """One run of ``arrivals``: ``legato bench serve``'s figures and the pool's."""
+             slo_tpot_s: float | None = None, stop=None) -> dict | None:  # fmt: skip
+    """One run of ``arrivals``: ``legato bench serve``'s figures and the pool's (None if
+    ``stop``, ``simulate.run``'s, ended it early)."""
     engine = build_engine(d)
-    requests, times, orphans = run(engine, arrivals)
+    requests, times, orphans = run(engine, arrivals, stop=stop)
+    if len(requests) < len(arrivals) or engine.has_work:
+        return None
     result = report(engine, requests, times, orphans, slo_ttft_s, slo_tpot_s)
     result["policy"] = engine.policy.name
     result["num_blocks"] = engine.config.num_blocks
     return result
+
+
+def meets_p99_ttft(d: Deployment, arrivals: Sequence[Arrival], slo_ttft_p99_s: float):
+    """The run's figures if its p99 TTFT meets the SLO, else None — known, and the run
+    stopped, as soon as more requests have waited past the SLO than the p99 tolerates (an
+    overloaded run would otherwise simulate its whole queue only to fail)."""
+    n = len(arrivals)
+    # numpy's p99 lies at or above the sorted TTFTs' element floor(0.99 (n - 1)): once
+    # n - floor(0.99 (n - 1)) of them exceed the SLO, so does the p99
+    allowed = n - math.floor(0.99 * (n - 1)) - 1
+
+    def hopeless(requests, now: float) -> bool:
+        late = sum(1 for r in requests if (now if r.first_token_s is None else r.first_token_s)
+                   - r.arrival_s > slo_ttft_p99_s)  # fmt: skip
+        return late > allowed
+
+    result = simulate(d, arrivals, slo_ttft_p99_s, stop=hopeless)
+    return result if result and result["p99_ttft_ms"] <= slo_ttft_p99_s * 1e3 else None
 
 
 def find_capacity(
@@ -138,8 +161,8 @@ def find_capacity(
     best, best_run = 0.0, None
     for _ in range(rounds):
         rate = (low * high) ** 0.5
-        result = simulate(d, arrivals_at(rate), slo_ttft_p99_s)
-        if result["p99_ttft_ms"] <= slo_ttft_p99_s * 1e3:
+        result = meets_p99_ttft(d, arrivals_at(rate), slo_ttft_p99_s)
+        if result is not None:
             best, best_run, low = rate, result, rate
         else:
             high = rate
@@ -164,3 +187,32 @@ def best_max_loras(
         raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
     best = max(goodputs, key=lambda s: (goodputs[s], -s))
     return best, runs[best], goodputs
+
+
+def capacity(
+    d: Deployment,
+    arrivals_at: Callable[[float], Sequence[Arrival]],
+    slo_ttft_p99_s: float,
+    slots: Sequence[int] = (),
+    **search,
+) -> dict:
+    """``find_capacity`` of ``d`` (``search``: its ``low``, ``high``, ``rounds``); under
+    the vllm policy, of each ``--max-loras`` in ``slots`` (those that leave KV blocks), the
+    best kept — vLLM as a tuned baseline. The rate, the run at it and, for vllm, the slots
+    chosen and each candidate's capacity."""
+    if d.config.policy != "vllm" or not slots:
+        rate, at = find_capacity(d, arrivals_at, slo_ttft_p99_s, **search)
+        return {"policy": d.config.policy, "capacity_rps": rate, "at_capacity": at}
+    found = {}
+    for n in slots:
+        case = replace(d, config=replace(d.config, max_loras=n))
+        try:
+            found[n] = find_capacity(case, arrivals_at, slo_ttft_p99_s, **search)
+        except ConfigError:  # these slots leave no KV blocks, nor will more
+            break
+    if not found:
+        raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
+    best = max(found, key=lambda n: (found[n][0], -n))
+    return {"policy": "vllm", "capacity_rps": found[best][0], "max_loras": best,
+            "capacity_by_max_loras": {str(n): rate for n, (rate, _) in found.items()},
+            "at_capacity": found[best][1]}  # fmt: skip

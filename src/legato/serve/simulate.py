@@ -15,7 +15,10 @@ memory) and whose step takes the time a step-time source gives for its batch:
 
 Every generated token is token 0 (requests run to their length, as S-LoRA's benchmark
 runs them); a prompt's first token is its request's index, so no two requests share a
-cached prefix by accident. ``run`` drives the engine with an arrival list — the same
+cached prefix by accident — unless the workload gives each adapter a task instruction
+(``arrivals_of``'s ``instruction_len``): then every prompt of an adapter begins with the
+same instruction, the prefix its cached KV blocks can serve again (block hashes are
+rooted in the adapter, so two adapters' instructions never share blocks). ``run`` drives the engine with an arrival list — the same
 driver the real engine runs under in the self-consistency test — and ``report`` gives
 ``legato bench serve``'s figures plus the pool's.
 """
@@ -33,6 +36,7 @@ from legato.serve.sampling import SamplingParams
 from legato.serve.step_time import BatchRow
 
 SIM_VOCAB = 2**31 - 1
+INSTRUCTION_TOKEN = SIM_VOCAB - 1  # a task instruction's tokens; request indices stay below
 ORPHAN_EVERY = 64
 
 
@@ -135,12 +139,16 @@ class SimulatedBackend:
 
 
 def run(
-    engine: Engine, arrivals: Sequence[Arrival], steps=None
+    engine: Engine,
+    arrivals: Sequence[Arrival],
+    steps=None,
+    stop: Callable[[list[Request], float], bool] | None = None,
 ) -> tuple[list[Request], dict[int, list[float]], float]:
     """Add each arrival when the engine's clock has passed it and step until all are
-    done (a step begins when ``steps`` says, if it says); the requests in arrival order,
-    the times each got its tokens (by engine sequence number) and the mean share of
-    cached KV blocks whose adapter was not on the device (sampled every
+    done (a step begins when ``steps`` says, if it says), or until ``stop(requests, now)``
+    says the outcome is known (asked every ``ORPHAN_EVERY`` steps); the requests added, in
+    arrival order, the times each got its tokens (by engine sequence number) and the mean
+    share of cached KV blocks whose adapter was not on the device (sampled every
     ``ORPHAN_EVERY`` steps)."""
     clock, pending = engine.clock, deque(sorted(arrivals, key=lambda a: a.arrival_s))
     requests: list[Request] = []
@@ -163,6 +171,8 @@ def run(
         engine.step(now)
         if engine.attempts % ORPHAN_EVERY == 0:
             orphans.append(engine.memory.kv_without_adapter())
+            if stop is not None and stop(requests, clock.now()):
+                break
     return requests, times, sum(orphans) / len(orphans) if orphans else 0.0
 
 
@@ -203,16 +213,14 @@ def pool_figures(engine: Engine, requests: Sequence[Request], orphans: float) ->
     memory, blocks = engine.memory, engine.blocks
     with_adapter = sum(1 for r in requests if r.adapter is not None)
     loads = memory.loads
-    prompt_blocks = sum(len(r.prompt) // engine.config.block_size for r in requests)
     return {
         # copies per request for an adapter (above 1: adapters evicted and loaded again)
         "adapter_loads_per_request": loads / with_adapter if with_adapter else 0.0,
         "adapter_loads": loads,
         "kv_prefix_hit_blocks": blocks.hits,
         "kv_host_hit_blocks": memory.host_kv.hits,
-        "kv_hit_rate": (blocks.hits + memory.host_kv.hits) / prompt_blocks
-        if prompt_blocks
-        else 0.0,
+        # of the blocks looked up (a preempted request looks its blocks up again)
+        "kv_hit_rate": (blocks.hits + memory.host_kv.hits) / blocks.asked if blocks.asked else 0.0,
         "bytes_swapped_in": memory.swapped_in_bytes,
         "bytes_swapped_out": memory.host_kv.stored_bytes,
         "kv_without_adapter": orphans,
@@ -221,16 +229,20 @@ def pool_figures(engine: Engine, requests: Sequence[Request], orphans: float) ->
     }
 
 
-def prompt_of(index: int, length: int) -> list[int]:
-    """A simulated prompt: the request's index, then zeros (see the module docstring)."""
-    return [index % SIM_VOCAB] + [0] * (length - 1)
+def prompt_of(index: int, length: int, instruction_len: int = 0) -> list[int]:
+    """A simulated prompt: its adapter's instruction, the request's index, then zeros (see
+    the module docstring)."""
+    question = [index % INSTRUCTION_TOKEN] + [0] * (length - instruction_len - 1)
+    return [INSTRUCTION_TOKEN] * instruction_len + question
 
 
-def arrivals_of(stream, seq_len: int) -> list[Arrival]:
-    """``workload.BenchRequest``s as arrivals, prompt plus output cut to ``seq_len``."""
+def arrivals_of(stream, seq_len: int, instruction_len: int = 0) -> list[Arrival]:
+    """``workload.BenchRequest``s as arrivals, each prompt after ``instruction_len`` tokens
+    of its adapter's task instruction, prompt plus output cut to ``seq_len``."""
     out = []
     for r in stream:
-        prompt = min(r.prompt_tokens, seq_len - 1)
+        prompt = min(instruction_len + r.prompt_tokens, seq_len - 1)
         output = max(1, min(r.output_tokens, seq_len - prompt))
-        out.append(Arrival(r.index, r.arrival_s, r.adapter, prompt_of(r.index, prompt), output))
+        tokens = prompt_of(r.index, prompt, min(instruction_len, prompt - 1))
+        out.append(Arrival(r.index, r.arrival_s, r.adapter, tokens, output))
     return out
