@@ -5,8 +5,11 @@ The 2-process rows are derived, not listed: ``coverage_rows`` merges every examp
 priced keys' table (``specs.priced_keys``) that a family can take into as few strategy
 strings as the runtime accepts, one launch per family -- dense GQA (``tiny``), tied
 embeddings with biases, LayerNorm and learned positions (``tiny-gpt``), MoE
-(``tiny-moe``), MLA + MoE with a shared expert (``tiny-deepseek``). The 4- and 8-process
-rows (``slow``) are compositions that need more ranks than two.
+(``tiny-moe``), MLA + MoE with a shared expert (``tiny-deepseek``) -- and to them the top
+``PLANS`` plans ``legato plan`` ranks for the family's model on this machine's cluster
+(``local-cpu``, 2 processes, priced in fp32 as the rows train): what the planner would
+tell a user to run must run. The 4- and 8-process rows (``slow``) are compositions that
+need more ranks than two.
 
 Each row is trained by ``Trainer`` on real gloo processes for three steps without
 clipping. Against the same three steps in one process: the loss and the gradient norm of
@@ -27,6 +30,9 @@ from trainer_gradients import assert_same_gradients, first_step_gradients
 
 from gloo_harness import run_ranks
 from legato.errors import LegatoError
+from legato.plan import SearchSpace, make_plan
+from legato.specs.registry import load_cluster
+from legato.specs.strategy import Strategy
 from legato.train.config import load_config, resolve_model
 
 pytestmark = pytest.mark.distributed
@@ -58,14 +64,21 @@ BATCH = ("--train.global_batch_size=8", "--train.micro_batch_size=2")
 AUX_OFF = ("--train.moe_aux_loss_coef=0",)
 
 
+PLANS = 3  # the planner's top plans per family that must run
+
+
+def _config(model: str, *extra: str):
+    preset, overrides = MODELS[model]
+    args = [f"--model.preset={preset}", f"--model.overrides={overrides}", *BATCH, *extra]
+    return load_config(None, args)
+
+
 def _fits(model: str):
     """Whether ``legato train`` resolves a strategy for ``model`` on 2 processes."""
-    preset, overrides = MODELS[model]
 
     def fits(text: str) -> bool:
-        args = [f"--model.preset={preset}", f"--model.overrides={overrides}", *BATCH]
         try:
-            config = load_config(None, [*args, f"--parallel.strategy={text}"])
+            config = _config(model, f"--parallel.strategy={text}")
             config.job(resolve_model(config.model), 2)
         except LegatoError:
             return False
@@ -74,11 +87,25 @@ def _fits(model: str):
     return fits
 
 
+def planned(model: str) -> list[str]:
+    """The strategies of the top ``PLANS`` plans of ``legato plan`` for ``model`` on the
+    local CPU cluster of 2 processes, at the rows' global batch, in fp32."""
+    spec = resolve_model(_config(model).model)
+    cluster = load_cluster("local-cpu", nodes=1)
+    report = make_plan(spec, cluster, 8, top_k=PLANS, space=SearchSpace(dtype="fp32"))
+    return [scored.strategy.to_string() for scored in report.result.ranked]
+
+
 # row id -> (model, world size, strategy)
 ROWS = {
     f"{family} {text}": (family, 2, text)
     for family, moe in FAMILIES.items()
     for text in coverage_rows(_fits(family), moe)[0]
+}
+ROWS |= {
+    f"{family} plan #{rank} {text}": (family, 2, text)
+    for family in FAMILIES
+    for rank, text in enumerate(planned(family), 1)
 }
 ROWS |= {
     "pp=2 uneven": ("uneven", 2, "pp=2,schedule=1f1b"),
@@ -183,7 +210,12 @@ def test_strategy_equals_one_process(row: str, runs) -> None:
     assert_same_gradients(grads, want_grads, RTOL)
 
 
-@pytest.mark.parametrize("row", _rows(lambda text: "zero=" in text))
+def _data_parallel(text: str) -> bool:
+    s = Strategy.parse(text)
+    return "zero=" in text and s.dp * s.cp > 1
+
+
+@pytest.mark.parametrize("row", _rows(_data_parallel))
 def test_zero_shards_what_it_says(row: str, runs) -> None:
     """ZeRO >= 1 leaves each rank about half of every gradient (two data-parallel ranks);
     zero=0 (DDP, the pipeline's all-reduce) every gradient whole."""

@@ -240,25 +240,20 @@ def _check_runtime(
             f"exactly the ranks of a stage that see other tokens; tp ranks route the same "
             f"tokens)"
         )
-    if s.ep > 1 and s.zero < 2 and s.pp == 1:
+    if s.ep > 1 and s.zero == 0:
         raise StrategyError(
-            f"{where}: ep > 1 needs zero=2 or 3 (FSDP2 holds the experts' DTensors beside "
-            f"the dense parameters), got zero={s.zero}"
+            f"{where}: ep > 1 needs zero >= 1 (FSDP2 leaves the experts to EP; the all-reduce "
+            f"of zero=0 would sum the experts' shards), got zero=0"
         )
-    if s.ep > 1 and s.zero == 0 and s.pp > 1:
+    if s.loss_chunk and data_parallel and s.zero == 0 and s.pp == 1:
         raise StrategyError(
-            f"{where}: ep > 1 with pp > 1 needs zero=1 or 2 (FSDP2 in the stages leaves the "
-            f"experts to EP; the all-reduce of zero=0 would sum the experts' shards), got zero=0"
+            f"{where}: loss_chunk > 0 with dp*cp > 1 needs zero >= 1 (DDP's forward does "
+            f"not see the model's hidden_states), got zero=0"
         )
-    if s.loss_chunk and data_parallel and s.zero < 2 and s.pp == 1:
+    if s.tp > 1 and data_parallel and s.zero == 0 and s.pp == 1:
         raise StrategyError(
-            f"{where}: loss_chunk > 0 runs with zero=2 or 3 or one process (DDP's forward "
-            f"does not see the model's hidden_states), got zero={s.zero}"
-        )
-    if s.tp > 1 and data_parallel and s.zero < 2 and s.pp == 1:
-        raise StrategyError(
-            f"{where}: tp > 1 with dp*cp > 1 needs zero=2 or 3 (FSDP2 over the tensor-"
-            f"parallel DTensors), got zero={s.zero}"
+            f"{where}: tp > 1 with dp*cp > 1 needs zero >= 1 (FSDP2 over the tensor-"
+            f"parallel DTensors), got zero=0"
         )
 
 
