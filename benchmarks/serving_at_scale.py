@@ -41,7 +41,7 @@ from dataclasses import replace
 
 from legato.serve import workload
 from legato.serve.engine import EngineConfig
-from legato.serve.policies import EloraPolicy
+from legato.serve.policies import ABLATIONS
 from legato.serve.sim_study import Deployment, best_max_loras, capacity, simulate
 from legato.serve.simulate import arrivals_of
 from legato.specs.registry import load_device, load_model
@@ -58,8 +58,7 @@ VARIED = [("model", "llama2-13b"), ("model", "llama3-8b"), ("device", "h100"),
           ("instruction", 512)]  # fmt: skip
 CORNER = {"model": "llama2-13b", "adapters": 2000, "rank": 64, "alpha": 0.1, "cv": 4.0,
           "instruction": 512}  # fmt: skip
-POLICIES = {"slora": "slora", "elora": "elora", "elora-no-tree": EloraPolicy(tree=False),
-            "elora-lru": EloraPolicy(cost_model=False)}  # fmt: skip
+POLICIES = ("slora", "elora", *ABLATIONS)  # by name: each engine its own policy object
 CONFIG = EngineConfig(max_num_seqs=256, max_num_batched_tokens=4096)
 
 
@@ -102,9 +101,9 @@ def study(case: dict) -> list[dict]:
     vllm = capacity(deployment(case), at, SLO_TTFT_S, SLOTS)
     top = vllm["capacity_rps"]
     found = {"vllm": vllm}
-    for name, policy in POLICIES.items():
+    for name in POLICIES:
         search = {"low": top / 2, "high": top * 2, "rounds": 5} if top else {}
-        found[name] = capacity(deployment(case, policy), at, SLO_TTFT_S, **search)
+        found[name] = capacity(deployment(case, name), at, SLO_TTFT_S, **search)
     rows = [row(case, name, "capacity_rps", c["capacity_rps"], top,
                 **({"max_loras": c["max_loras"], "capacity_by_max_loras":
                     c["capacity_by_max_loras"]} if name == "vllm" else {}))
@@ -115,8 +114,8 @@ def study(case: dict) -> list[dict]:
     arrivals = at(rate)
     slots, base, _ = best_max_loras(deployment(case), arrivals, SLO_TTFT_S, SLOTS)
     runs = {"vllm": base}
-    for name, policy in POLICIES.items():
-        runs[name] = simulate(deployment(case, policy), arrivals, SLO_TTFT_S)
+    for name in POLICIES:
+        runs[name] = simulate(deployment(case, name), arrivals, SLO_TTFT_S)
     for name, result in runs.items():
         pool = {k: round(result[k], 4) for k in ("adapter_loads_per_request",
                 "kv_without_adapter", "kv_hit_rate", "preemptions")}  # fmt: skip

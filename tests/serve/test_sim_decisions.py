@@ -15,7 +15,6 @@ from legato.serve import workload
 from legato.serve.clock import SimClock
 from legato.serve.decisions import DecisionLog, decisions
 from legato.serve.engine import EngineConfig
-from legato.serve.policies import EloraPolicy
 from legato.serve.sim_study import Deployment, build_engine, meets_p99_ttft, simulate
 from legato.serve.simulate import Arrival, arrivals_of, pool_figures, run
 from legato.specs.registry import load_device, load_model
@@ -29,7 +28,6 @@ DIGESTS = {
     "elora-lru": "39e9c6ddbe985eb4aa596fa423344b4476aad1027ba203a3df4acd6226ca3f0b",
     "elora-no-tree": "ac3133455d6c8856031781987493b14445344295555cd61af202fda3af41cdf6",
 }
-ABLATIONS = {"elora-lru": EloraPolicy(cost_model=False), "elora-no-tree": EloraPolicy(tree=False)}
 
 
 def _arrivals(d: Deployment) -> list[Arrival]:
@@ -61,7 +59,7 @@ def digest(records: list[dict]) -> str:
 
 @pytest.mark.parametrize("name", list(DIGESTS))
 def test_a_fixed_simulation_decides_as_pinned(name):
-    records = _log(ABLATIONS.get(name, name))
+    records = _log(name)
     kinds = {k for r in records for k in r}
     assert {"admitted", "preempted", "load", "finished"} <= kinds  # a busy run
     assert digest(records) == DIGESTS[name]

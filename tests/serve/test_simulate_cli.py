@@ -34,3 +34,8 @@ def test_a_bad_flag_is_one_line(capsys, flag):
     assert main([*SMALL, *flag, "--json"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("legato: error: --")
+
+
+def test_an_ablation_of_elora_is_a_policy_by_name(capsys):
+    assert main([*SMALL, "--policy", "elora-lru", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["policy"] == "elora-lru"

@@ -13,7 +13,7 @@ import math
 import sys
 
 from legato.errors import ConfigError
-from legato.serve.policies import POLICIES
+from legato.serve.policies import ABLATIONS, POLICIES
 
 NOTE = "pool policies on a modelled GPU (device profile step costs), not legato's engine speed"
 
@@ -38,8 +38,9 @@ def register(serve_subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--instruction-len", type=int, default=0, metavar="N",
                    help="tokens of each adapter's task instruction, before every prompt of "
                    "it (a prefix its cached KV blocks serve again; 0: none, as S-LoRA)")  # fmt: skip
-    p.add_argument("--policy", action="append", choices=[*POLICIES, "all"],
-                   help="pool policy (repeatable; default elora)")  # fmt: skip
+    p.add_argument("--policy", action="append", choices=[*POLICIES, *ABLATIONS, "all"],
+                   help="pool policy, or one of ELORA's ablations (repeatable; default "
+                   "elora; all: the three policies)")  # fmt: skip
     p.add_argument("--max-loras", default="auto",
                    help="vllm: adapter slots, or auto: the best goodput of 1,2,4,..")  # fmt: skip
     p.add_argument("--max-num-seqs", type=int, default=256)

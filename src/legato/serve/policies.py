@@ -28,6 +28,9 @@ import math
 from collections import deque
 
 POLICIES = ("vllm", "slora", "elora")
+# ELORA's two ablations, by name (a policy holds the recent request mix of its engine, so
+# each engine makes its own): the cost model alone, and the tree alone
+ABLATIONS = {"elora-no-tree": {"tree": False}, "elora-lru": {"cost_model": False}}
 # A link whose (adapter load / decode step) ratio for the tiny preset's rank-8 adapters on a
 # 2-core CPU is about that of Llama-3-8B rank-64 adapters over PCIe 4 (docs/serving.md,
 # "The link"); benchmarks/serving_policies.py prints the ratio it measured.
@@ -39,8 +42,12 @@ RECENT = 256  # requests that make up "the recent request mix"
 def make_policy(name: str):
     from legato.errors import ConfigError
 
+    if name in ABLATIONS:
+        return EloraPolicy(**ABLATIONS[name])
     if name not in POLICIES:
-        raise ConfigError(f"--policy: must be one of {', '.join(POLICIES)}, got {name!r}")
+        raise ConfigError(
+            f"--policy: must be one of {', '.join([*POLICIES, *ABLATIONS])}, got {name!r}"
+        )
     return {"vllm": VllmPolicy, "slora": SloraPolicy, "elora": EloraPolicy}[name]()
 
 
