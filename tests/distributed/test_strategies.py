@@ -110,6 +110,7 @@ ROWS |= {
 ROWS |= {
     "pp=2 uneven": ("uneven", 2, "pp=2,schedule=1f1b"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
+    "tp=2 x dp=2 zero=1": ("dense", 4, "tp=2,dp=2,zero=1"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
     "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
     "pp=2 x dp=2 zero=3 zb-h1": ("dense", 4, "pp=2,zero=3,schedule=zb-h1,recompute=selective"),
