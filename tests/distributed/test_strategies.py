@@ -25,9 +25,9 @@ import json
 from pathlib import Path
 
 import pytest
-from coverage_rows import coverage_rows
 from trainer_gradients import assert_same_gradients, first_step_gradients
 
+from coverage_rows import coverage_rows
 from gloo_harness import run_ranks
 from legato.errors import LegatoError
 from legato.plan import SearchSpace, make_plan
@@ -109,8 +109,10 @@ ROWS |= {
 }
 ROWS |= {
     "pp=2 uneven": ("uneven", 2, "pp=2,schedule=1f1b"),
+    # the chunked loss on a vocabulary-parallel tied head, hidden states sequence-split
+    "gpt tp=2 sp loss_chunk": ("gpt", 2, "tp=2,sp=1,loss_chunk=16"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
-    "tp=2 x dp=2 zero=1": ("dense", 4, "tp=2,dp=2,zero=1"),
+    "tp=2 x dp=2 zero=1 loss_chunk": ("dense", 4, "tp=2,dp=2,zero=1,loss_chunk=16"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
     "pp=2 x dp=2 zero=1": ("dense", 4, "pp=2,zero=1"),
     "pp=2 x dp=2 zero=3 zb-h1": ("dense", 4, "pp=2,zero=3,schedule=zb-h1,recompute=selective"),

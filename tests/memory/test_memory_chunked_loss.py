@@ -96,3 +96,47 @@ def test_bad_chunk_size_and_reduction_are_config_errors() -> None:
         chunked_cross_entropy(h, w, labels, chunk_size=0)
     with pytest.raises(ConfigError, match="allowed: mean, sum"):
         chunked_cross_entropy(h, w, labels, reduction="none")
+
+
+def _vocabulary_parallel_rank(rank: int, sequence_split: bool) -> tuple:
+    """One rank of a 2-way vocabulary-parallel head (an uneven split: 300 rows as 150/150
+    here, 259 in the strategy rows): its loss, the hidden states' gradient and its rows of
+    the weight's gradient, as the chunked loss computes them."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+
+    mesh = init_device_mesh("cpu", (2,))
+    h, w, labels = _inputs(vocab=259)
+    weight = distribute_tensor(w.detach(), mesh, [Shard(0)]).requires_grad_()
+    whole = h.detach().requires_grad_()
+    hidden = DTensor.from_local(whole, mesh, [Replicate()], run_check=False)
+    if sequence_split:
+        hidden = hidden.redistribute(mesh, [Shard(1)])
+    loss = chunked_cross_entropy(hidden, weight, labels, chunk_size=16, reduction="sum")
+    loss.backward()
+    return loss.detach(), whole.grad, weight.grad.to_local()
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("sequence_split", [False, True], ids=["replicated", "sequence-split"])
+def test_a_vocabulary_parallel_head_gives_the_unsplit_loss_and_gradients(sequence_split):
+    """Under tp the chunked loss reduces the softmax and the hidden states' gradient over
+    the ranks holding the vocabulary's rows: every rank gets the whole loss and hidden
+    gradient, and its own rows of the weight's gradient."""
+    from gloo_harness import run_ranks
+
+    h, w, labels = _inputs(vocab=259)
+    want = _grads(
+        lambda h, w, y: F.cross_entropy(
+            F.linear(h, w).flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum"
+        ),
+        h,
+        w,
+        labels,
+    )
+    ranks = run_ranks(_vocabulary_parallel_rank, sequence_split, world_size=2, timeout_s=120)
+    rows = torch.arange(259).chunk(2)
+    for rank, (loss, grad_h, grad_w) in enumerate(ranks):
+        assert loss == pytest.approx(want[0].item(), rel=1e-5)
+        torch.testing.assert_close(grad_h, want[1], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(grad_w, want[2][rows[rank]], rtol=1e-5, atol=1e-6)

@@ -295,7 +295,8 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
         ),
         "dtype=fp8": strategy.dtype == "fp8",
         "swap": strategy.swap,
-        "loss_chunk > 0": strategy.loss_chunk > 0,
+        "loss_chunk > 0 with 2-D tp (the chunked head is split on the vocabulary over one "
+        "dimension)": strategy.loss_chunk > 0 and two_d,
     }
     why = [name for name, hit in refused.items() if hit]
     if why:
