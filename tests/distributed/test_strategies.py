@@ -111,6 +111,10 @@ ROWS |= {
     "pp=2 uneven": ("uneven", 2, "pp=2,schedule=1f1b"),
     # the chunked loss on a vocabulary-parallel tied head, hidden states sequence-split
     "gpt tp=2 sp loss_chunk": ("gpt", 2, "tp=2,sp=1,loss_chunk=16"),
+    # activation swap of blocks whose saved activations are DTensors (sp) or shards (whole
+    # micro-batches: a tp shard of two sequences is below the swap's 64 KiB floor)
+    "tp=2 sp swap": ("dense", 2, "tp=2,sp=1,swap=1,mbs=8"),
+    "moe tp=2 swap": ("moe", 2, "tp=2,swap=1,mbs=8"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     "tp=2 x dp=2 zero=1 loss_chunk": ("dense", 4, "tp=2,dp=2,zero=1,loss_chunk=16"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
@@ -152,7 +156,8 @@ def _train_rows(rank: int, rows: dict[str, list[str]]) -> dict[str, tuple[dict, 
     out = {}
     for name, args in rows.items():
         shares: dict[str, float] = {}
-        out[name] = (first_step_gradients(args, STEPS, shares), shares)
+        swapped: list[int] = []
+        out[name] = (first_step_gradients(args, STEPS, shares, swapped), shares, swapped[0])
     return out
 
 
@@ -164,7 +169,7 @@ def _log(run: Path) -> tuple[list[float], list[float]]:
 @pytest.fixture(scope="module")
 def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory):
     """``runs(row)``: (one process: grads, losses, norms), (ranks' grads, losses, norms),
-    shares. Each (family, world size) is launched once, for all its rows, when a test
+    shares, bytes swapped to the host per rank. Each (family, world size) is launched once, for all its rows, when a test
     first asks for one of them: a selection without the 4- and 8-process rows (``-m "not
     slow"``) never starts those oversubscribed launches."""
     root = tmp_path_factory.mktemp("strategies")
@@ -189,7 +194,8 @@ def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory):
             ranks = run_ranks(_train_rows, rows, world_size=world, timeout_s=600)
             for name in rows:
                 got = ([r[name][0] for r in ranks], *_log(root / name))
-                out[name] = (reference(ROWS[name][0]), got, [r[name][1] for r in ranks])
+                out[name] = (reference(ROWS[name][0]), got, [r[name][1] for r in ranks],
+                             [r[name][2] for r in ranks])  # fmt: skip
         return out[row]
 
     return get
@@ -207,7 +213,7 @@ def _rows(keep=lambda text: True) -> list:
 
 @pytest.mark.parametrize("row", _rows())
 def test_strategy_equals_one_process(row: str, runs) -> None:
-    (want_grads, want_losses, want_norms), (grads, losses, norms), _ = runs(row)
+    (want_grads, want_losses, want_norms), (grads, losses, norms), *_ = runs(row)
     assert losses == pytest.approx(want_losses, rel=RTOL)
     assert norms == pytest.approx(want_norms, rel=RTOL)
     assert_same_gradients(grads, want_grads, RTOL)
@@ -227,3 +233,10 @@ def test_zero_shards_what_it_says(row: str, runs) -> None:
         assert set(shares) == {1.0}
     else:
         assert max(shares) <= 0.51, max(shares)
+
+
+@pytest.mark.parametrize("row", _rows(lambda text: "swap=1" in text))
+def test_swap_moves_activations(row: str, runs) -> None:
+    """A swap row equal to one process because nothing was swapped would prove nothing:
+    every rank moved activations to the host (DTensors under tp included)."""
+    assert all(moved > 0 for moved in runs(row)[3])

@@ -27,12 +27,16 @@ NOISE_FLOOR = 1e-4  # of the model's gradient norm: a smaller gradient is roundi
 
 
 def first_step_gradients(
-    args: list[str], steps: int = 1, shares: dict[str, float] | None = None
+    args: list[str],
+    steps: int = 1,
+    shares: dict[str, float] | None = None,
+    swapped: list[int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Train ``steps`` steps with ``args`` here (one process, or one rank of a group) and
     return the gradient of every parameter this process holds at the first optimizer step,
     as full tensors keyed by the model's parameter names. ``shares``, if given, is filled
-    with the fraction of each gradient this rank holds (below 1 where ZeRO shards it)."""
+    with the fraction of each gradient this rank holds (below 1 where ZeRO shards it);
+    ``swapped`` gets the bytes of activations the run's swap moved to the host."""
     captured: dict[int, torch.Tensor] = {}
     held: dict[int, float] = {}
 
@@ -57,6 +61,8 @@ def first_step_gradients(
     # DDP prefixes "module."; a pipeline's stages hold the full model's own parameters
     # (a tied embedding's copy on the last stage has no name of its own and is left out).
     names = {id(p): n.removeprefix("module.") for n, p in trainer.model.named_parameters()}
+    if swapped is not None:
+        swapped.append(trainer.swap.stats.to_host if trainer.swap is not None else 0)
     if shares is not None:
         shares.update({names[i]: share for i, share in held.items() if i in names})
     return {names[i]: grad for i, grad in captured.items() if i in names}

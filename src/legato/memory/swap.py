@@ -13,6 +13,10 @@ each selected block (module hooks, so state-dict keys and FSDP2 wrapping are unt
   starts the copy of the block before it, so transfers overlap the backward compute; a
   device copy is dropped after its last use.
 
+Under tensor parallelism a saved activation may be a DTensor: its local shard (waited for,
+if a collective still computes it) is swapped like any tensor and the DTensor is rebuilt around it (same mesh, placements, shape and
+stride) when backward unpacks it.
+
 It composes with activation checkpointing: with ``torch.utils.checkpoint`` inside a block
 only the checkpoint's saved tensors reach these hooks (the block input, with the
 reentrant variant), and the recomputation in backward is never swapped. With FSDP2,
@@ -29,6 +33,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
+from torch.distributed.tensor import DTensor
 
 from legato.memory.saved import SavedBytes, _Held, is_parameter, storage_key, unpack_counted
 
@@ -54,6 +60,17 @@ class _Group:
     entries: list[_Entry] = field(default_factory=list)
     fetched: bool = False
     __weakref__: object = field(default=None, init=False, repr=False)
+
+
+@dataclass(frozen=True)
+class _Distributed:
+    """A saved DTensor: how its swapped local shard becomes it again."""
+
+    local: object  # what packing the local shard returned
+    mesh: object
+    placements: tuple
+    shape: torch.Size
+    stride: tuple[int, ...]
 
 
 @dataclass
@@ -127,8 +144,14 @@ class ActivationSwap:
                 self._last = weakref.ref(frame.group)
 
     def _pack(self, frame: _Frame, t: Tensor):
+        if isinstance(t, AsyncCollectiveTensor):  # a collective's result not waited for yet
+            t = t.wait()
         if is_parameter(t):
             return t
+        if isinstance(t, DTensor):
+            with torch.no_grad():
+                local = self._pack(frame, t.to_local())
+            return _Distributed(local, t.device_mesh, t.placements, t.shape, t.stride())
         key = storage_key(t)
         if key in frame.constants or t.numel() * t.element_size() < self.min_bytes:
             return self.stats.hold(t)
@@ -162,6 +185,11 @@ class ActivationSwap:
 
     # -- backward: fetch a block, prefetch the one before it --------------------------
     def _unpack(self, handle) -> Tensor:
+        if isinstance(handle, _Distributed):
+            with torch.no_grad():
+                return DTensor.from_local(self._unpack(handle.local), handle.mesh,
+                                          handle.placements, run_check=False,
+                                          shape=handle.shape, stride=handle.stride)  # fmt: skip
         if not isinstance(handle, tuple):
             return unpack_counted(handle) if isinstance(handle, _Held) else handle
         group, entry = handle

@@ -294,7 +294,6 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
             or spec.position != "rope"
         ),
         "dtype=fp8": strategy.dtype == "fp8",
-        "swap": strategy.swap,
         "loss_chunk > 0 with 2-D tp (the chunked head is split on the vocabulary over one "
         "dimension)": strategy.loss_chunk > 0 and two_d,
     }
