@@ -96,13 +96,13 @@ def row(case: dict, policy: str, metric: str, value, baseline, **extra) -> dict:
             "baseline_value": baseline, "ratio": ratio}  # fmt: skip
 
 
-def study(case: dict) -> list[dict]:
-    """Capacity of every policy, and latency at ``LOAD`` of vLLM's capacity."""
+def study(case: dict, policies=POLICIES) -> list[dict]:
+    """Capacity of ``policies`` and tuned vLLM, and latency at ``LOAD`` of vLLM's capacity."""
     at = arrivals_at(case)
     vllm = capacity(deployment(case), at, SLO_TTFT_S, SLOTS)
     top = vllm["capacity_rps"]
     found = {"vllm": vllm}
-    for name in POLICIES:
+    for name in policies:
         search = {"low": top / 2, "high": top * 2, "rounds": 5} if top else {}
         found[name] = capacity(deployment(case, name), at, SLO_TTFT_S, **search)
     rows = [row(case, name, "capacity_rps", c["capacity_rps"], top,
@@ -115,7 +115,7 @@ def study(case: dict) -> list[dict]:
     arrivals = at(rate)
     slots, base, _ = best_max_loras(deployment(case), arrivals, SLO_TTFT_S, SLOTS)
     runs = {"vllm": base}
-    for name in POLICIES:
+    for name in policies:
         runs[name] = simulate(deployment(case, name), arrivals, SLO_TTFT_S)
     for name, result in runs.items():
         pool = {k: round(result[k], 4) for k in ("adapter_loads_per_request",
@@ -148,7 +148,7 @@ def plot(rows: list[dict], path: str) -> None:
     panels = [("capacity_rps", f"capacity / vLLM\n(p99 TTFT <= {SLO_TTFT_S} s)"),
               ("mean_ttft_ms", f"mean TTFT / vLLM\nat {LOAD:.0%} of its capacity")]  # fmt: skip
     labels = list(dict.fromkeys(_label(r["case"]) for r in rows if "claim" not in r["case"]))
-    names = ["vllm", *POLICIES]
+    names = list(dict.fromkeys(r["case"]["policy"] for r in rows if "policy" in r["case"]))
     fig, axes = plt.subplots(2, 1, figsize=(max(8, len(labels) * 1.1), 7), sharex=True)
     width = 0.8 / len(names)
     for ax, (metric, ylabel) in zip(axes, panels, strict=True):
@@ -179,10 +179,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="the base case, no speed run")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="capacity per case")
+    parser.add_argument("--policy", action="append", choices=POLICIES,
+                        help="only these policies beside tuned vLLM (repeatable)")  # fmt: skip
     args = parser.parse_args()
     rows = []
     for case in cases(args.quick):
-        for result in study(case):
+        for result in study(case, args.policy or POLICIES):
             rows.append(result)
             print(json.dumps(result), flush=True)
     if not args.quick:

@@ -24,9 +24,9 @@ from legato.specs.registry import load_device, load_model
 DIGESTS = {
     "vllm": "0e572ec25973d118c508395a62cfe29e394b6740f583ec2eba177b5a56ce1c7a",
     "slora": "d5cc7528b0b915ffe4106d4497e522e9d4d7069eee20db6fc52ec0df824c272a",
-    "elora": "c276c8ee3bce84d672c209fbb39cb218b635618999ce1b7acdc4ac63c82f2088",
+    "elora": "f106e6aefcde2ff5e24b1b4ece2095bcc0d6e991a82acd802e04e4a357729f45",
     "elora-lru": "39e9c6ddbe985eb4aa596fa423344b4476aad1027ba203a3df4acd6226ca3f0b",
-    "elora-no-tree": "ac3133455d6c8856031781987493b14445344295555cd61af202fda3af41cdf6",
+    "elora-no-tree": "e9d3f0a7b1452cf9370c3149b937ac74c6b3918107278d17a014c6a83fb5405f",
 }
 
 
@@ -119,3 +119,26 @@ def test_a_capacity_probe_stopped_early_decides_as_the_whole_run():
         if probe is not None:
             assert probe == whole
     assert True in verdicts and False in verdicts
+
+
+def test_elora_keeps_the_adapters_the_mix_asks_for_over_kv_no_prompt_shares():
+    """On S-LoRA's workload no prompt shares a block with another (nothing is ever found
+    again), so a cached KV block is worth nothing and an adapter of the recent mix is worth
+    its copy: ELORA's cost model evicts KV first and reloads fewer adapters than S-LoRA's
+    LRU, which evicts idle adapters for those dead blocks."""
+    config = EngineConfig(max_num_seqs=64, max_num_batched_tokens=2048)
+    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 200, (8,),
+                   config=config, gpu_memory_utilization=0.3)  # fmt: skip
+    stream = workload.synthetic(300, 4.0, 1.0, d.adapter_names(), 1.0, (8, 512), (8, 256))
+    arrivals = arrivals_of(stream, d.model.seq_len)
+    evicted, loads = {}, {}
+    for name in ("slora", "elora"):
+        log = DecisionLog()
+        case = replace(d, config=replace(config, policy=name))
+        engine = build_engine(case, clock=SimClock(), decision_log=log)
+        run(engine, arrivals)
+        assert engine.blocks.hits == 0 and any("evict_kv" in r for r in log.records)
+        evicted[name] = sum(len(r.get("evict_adapter", [])) for r in log.records)
+        loads[name] = engine.memory.loads
+    assert evicted["elora"] == 0 < evicted["slora"]
+    assert loads["elora"] < loads["slora"]

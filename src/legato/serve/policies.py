@@ -13,18 +13,22 @@ engine (``--policy``).
   ``Eval = LoRA_Eval x Retain_Eval`` (below); when the pool is under ``PREFETCH_BELOW``
   full, host adapters are brought in by decreasing Eval.
 
-ELORA's cost model, as the paper gives it (the note in docs/serving.md):
-``Low_lora = sum_i 1 - (1 - p_i)^BS`` is the number of distinct adapters a batch of ``BS``
-requests is expected to hold, with ``p_i`` adapter i's share of recent requests;
-``LoRA_Eval_i = min(1, Now_i / Low_lora)`` where ``Now_i`` is the adapters left on the device
-if item i goes (an adapter's eviction lowers it by one, a KV block's does not);
-``Retain_Eval_i = cost_i x visit_i x (1 - sigmoid(t_i))`` with ``cost_i`` the time to bring
-item i back over the link, ``visit_i`` its uses and ``t_i`` seconds since its last use.
+ELORA's cost model (the note in docs/serving.md): ``Low_lora = sum_i 1 - (1 - p_i)^BS`` is
+the number of distinct adapters a batch of ``BS`` requests is expected to hold, with ``p_i``
+adapter i's share of recent requests; ``LoRA_Eval_i = min(1, Now_i / Low_lora)`` where
+``Now_i`` is the adapters left on the device if item i goes (an adapter's eviction lowers it
+by one, a KV block's does not); ``Retain_Eval_i = cost_i x reuse_i`` with ``cost_i`` the time
+to bring item i back over the link and ``reuse_i`` the chance it is needed again: for an
+adapter ``1 - (1 - p_i)^BS`` (its term of ``Low_lora``), for a KV block its adapter's
+chance times ``min(1, h x visit_i)``, ``h`` the share of looked-up blocks the cache has found
+so far. The paper's ``Retain_Eval = cost x visit x (1 - sigmoid(seconds idle))`` is, after
+a few idle seconds, least-recently-used order scaled by a constant: it kept KV blocks that
+no prompt shares (``h = 0`` on S-LoRA's workload) over adapters the next batch needs, each
+reload costing its request a step (``benchmarks/serving_at_scale.py``, BENCHMARKS.md).
 """
 
 from __future__ import annotations
 
-import math
 from collections import deque
 
 POLICIES = ("vllm", "slora", "elora")
@@ -107,39 +111,35 @@ class EloraPolicy(SloraPolicy):
         self.recent.append(adapter)
         self.observed += 1
 
-    def _low_lora(self, memory) -> float:
-        """``Low_lora``, recomputed only when the recent mix or the batch changed (the
-        evictions of one step read it many times)."""
-        if not self.recent:
-            return 1.0
+    def _mix(self, memory) -> tuple[dict[str | None, float], float]:
+        """Each adapter's chance to be asked for by the next batch, ``1 - (1 - p_i)^BS``
+        with ``p_i`` its share of the recent requests, and ``Low_lora``, their sum over
+        adapters: recomputed only when the recent mix or the batch changed (the evictions
+        of one step read them many times)."""
         batch = max(1, memory.pins)
         if self._low is None or self._low[0] != (self.observed, batch):
-            self._low = (self.observed, batch), self._expected_adapters(batch)
-        return self._low[1]
-
-    def _expected_adapters(self, batch: int) -> float:
-        counts: dict[str, int] = {}
-        for name in self.recent:
-            if name is not None:
+            counts: dict[str | None, int] = {}
+            for name in self.recent:
                 counts[name] = counts.get(name, 0) + 1
-        total = len(self.recent)
-        return max(1e-9, sum(1 - (1 - c / total) ** batch for c in counts.values()))
-
-    def _retain(self, cost_s: float, visits: int, idle_s: float) -> float:
-        return cost_s * max(visits, 1) * (1 - 1 / (1 + math.exp(-idle_s)))
+            total = max(1, len(self.recent))
+            chance = {name: 1 - (1 - c / total) ** batch for name, c in counts.items()}
+            low = sum(p for name, p in chance.items() if name is not None)
+            self._low = (self.observed, batch), (chance, max(1e-9, low) if counts else 1.0)
+        return self._low[1]
 
     def victim(self, memory, now: float, for_adapter: str | None):
         """The candidate of the lowest Eval; of equal ones the KV block first idle, else
         the adapter first landed (KV blocks before adapters)."""
-        blocks, low = memory.blocks, self._low_lora(memory)
+        blocks, (chance, low) = memory.blocks, self._mix(memory)
         resident = len(memory.resident_slots)
         keep_all = min(1.0, resident / low)
         block_cost = memory.block_bytes / memory.link_bytes_per_s
+        found = blocks.hits / blocks.asked if blocks.asked else 0.0  # looked-up blocks found
         kv = None
         for b in blocks.idle_leaves if self.tree else blocks.idle:
             if self.cost_model:
-                retain = self._retain(block_cost, blocks.visits[b], now - blocks.last_used[b])
-                key = (keep_all * retain, blocks.idle_order(b))
+                reuse = chance.get(blocks.owner[b], 0.0) * min(1.0, found * blocks.visits[b])
+                key = (keep_all * block_cost * reuse, blocks.idle_order(b))
             else:
                 key = (blocks.last_used[b], blocks.idle_order(b))
             if kv is None or key < kv[0]:
@@ -150,7 +150,7 @@ class EloraPolicy(SloraPolicy):
                 continue  # not a leaf: its KV blocks go first
             if self.cost_model:
                 cost = slot.numel * memory.element_size / memory.link_bytes_per_s
-                retain = self._retain(cost, slot.visits, now - slot.last_used)
+                retain = cost * chance.get(slot.name, 0.0)
                 key = (min(1.0, (resident - 1) / low) * retain, slot.landed_at)
             else:
                 key = (slot.last_used, slot.landed_at)
