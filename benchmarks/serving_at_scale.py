@@ -25,11 +25,12 @@ The grid varies one factor at a time around a base case (Llama-2-7B, A100-80GB, 
 rank-8 adapters, alpha 1 (uniform popularity), cv 1, S-LoRA's prompts with no shared
 instruction): Llama-2-13B and Llama-3-8B, H100, 100 and 2,000 adapters, rank 64, alpha
 0.1, cv 4, and a 512-token task instruction per adapter (the prefix ELORA's KV tree keeps
-with its adapter), plus one corner with all the pressure at once. ``--quick``: the base
-case only and no speed run. A ``sim_speed`` row times the issue's example at 80 req/s for
-125 s (about 10,000 requests) against the 60 s budget.
+with its adapter), plus one corner with 2,000 rank-64 adapters, alpha 0.1 and the
+instruction at once. ``--quick``: the base case only and no speed run; ``--policy P``
+(repeatable): only those beside tuned vLLM. A ``sim_speed`` row times the issue's example
+at 80 req/s for 125 s (about 10,000 requests) against the 60 s budget.
 
-    python benchmarks/serving_at_scale.py [--quick] [--plot capacity.png]
+    python benchmarks/serving_at_scale.py [--quick] [--policy P] [--plot capacity.png]
 """
 
 from __future__ import annotations
