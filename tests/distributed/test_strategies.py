@@ -169,9 +169,9 @@ def _log(run: Path) -> tuple[list[float], list[float]]:
 @pytest.fixture(scope="module")
 def runs(small_train_args, tmp_path_factory: pytest.TempPathFactory):
     """``runs(row)``: (one process: grads, losses, norms), (ranks' grads, losses, norms),
-    shares, bytes swapped to the host per rank. Each (family, world size) is launched once, for all its rows, when a test
-    first asks for one of them: a selection without the 4- and 8-process rows (``-m "not
-    slow"``) never starts those oversubscribed launches."""
+    shares, bytes swapped to the host per rank. Each (family, world size) is launched once,
+    for all its rows, when a test first asks for one of them: a selection without the 4-
+    and 8-process rows (``-m "not slow"``) never starts those oversubscribed launches."""
     root = tmp_path_factory.mktemp("strategies")
     one: dict[str, tuple] = {}
     out: dict[str, tuple] = {}

@@ -14,8 +14,8 @@ each selected block (module hooks, so state-dict keys and FSDP2 wrapping are unt
   device copy is dropped after its last use.
 
 Under tensor parallelism a saved activation may be a DTensor: its local shard (waited for,
-if a collective still computes it) is swapped like any tensor and the DTensor is rebuilt around it (same mesh, placements, shape and
-stride) when backward unpacks it.
+if a collective still computes it) is swapped like any tensor, and the DTensor is rebuilt
+around it (same mesh, placements, shape and stride) when backward unpacks it.
 
 It composes with activation checkpointing: with ``torch.utils.checkpoint`` inside a block
 only the checkpoint's saved tensors reach these hooks (the block input, with the

@@ -18,9 +18,10 @@ runs them); a prompt's first token is its request's index, so no two requests sh
 cached prefix by accident — unless the workload gives each adapter a task instruction
 (``arrivals_of``'s ``instruction_len``): then every prompt of an adapter begins with the
 same instruction, the prefix its cached KV blocks can serve again (block hashes are
-rooted in the adapter, so two adapters' instructions never share blocks). ``run`` drives the engine with an arrival list — the same
-driver the real engine runs under in the self-consistency test — and ``report`` gives
-``legato bench serve``'s figures plus the pool's.
+rooted in the adapter, so two adapters' instructions never share blocks). ``run`` drives
+the engine with an arrival list — the same driver the real engine runs under in the
+self-consistency test — and ``report`` gives ``legato bench serve``'s figures plus the
+pool's.
 """
 
 from __future__ import annotations
