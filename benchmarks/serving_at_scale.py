@@ -40,11 +40,10 @@ import json
 import time
 from dataclasses import replace
 
-from legato.serve import workload
 from legato.serve.engine import EngineConfig
 from legato.serve.policies import ABLATIONS
 from legato.serve.sim_study import Deployment, best_max_loras, capacity, simulate
-from legato.serve.simulate import arrivals_of
+from legato.serve.simulate import slora_arrivals
 from legato.specs.registry import load_device, load_model
 
 BENCHMARK = "serving_at_scale"
@@ -81,11 +80,8 @@ def arrivals_at(case: dict, duration: float = DURATION_S):
     d = deployment(case)
 
     def at(rate: float):
-        n = int(rate * duration * 1.5) + 10
-        stream = workload.synthetic(n, rate, 1 / case["cv"] ** 2, d.adapter_names(),
-                                    case["alpha"], (8, 512), (8, 512))  # fmt: skip
-        cut = [r for r in stream if r.arrival_s < duration]
-        return arrivals_of(cut, d.model.seq_len, case["instruction"])
+        return slora_arrivals(d.adapter_names(), d.model.seq_len, rate, duration, case["cv"],
+                              case["alpha"], (8, 512), (8, 512), case["instruction"])  # fmt: skip
 
     return at
 
@@ -129,10 +125,9 @@ def study(case: dict, policies=POLICIES) -> list[dict]:
 
 def sim_speed() -> dict:
     """The issue's example at 80 req/s for 125 s under slora: wall seconds vs 60 s."""
-    case = {**BASE, "rank": 8, "alpha": 1.0}
-    arrivals = arrivals_at(case, 125.0)(80.0)
+    arrivals = arrivals_at(BASE, 125.0)(80.0)
     began = time.perf_counter()
-    result = simulate(deployment(case, "slora"), arrivals)
+    result = simulate(deployment(BASE, "slora"), arrivals)
     seconds = time.perf_counter() - began
     return {"benchmark": BENCHMARK, "case": {"claim": "sim_speed", "requests": len(arrivals),
             "completed": result["completed"]}, "metric": "wall_s", "value": seconds,

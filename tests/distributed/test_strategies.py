@@ -90,9 +90,10 @@ def _fits(model: str):
 def planned(model: str) -> list[str]:
     """The strategies of the top ``PLANS`` plans of ``legato plan`` for ``model`` on the
     local CPU cluster of 2 processes, at the rows' global batch, in fp32."""
-    spec = resolve_model(_config(model).model)
+    config = _config(model)
     cluster = load_cluster("local-cpu", nodes=1)
-    report = make_plan(spec, cluster, 8, top_k=PLANS, space=SearchSpace(dtype="fp32"))
+    report = make_plan(resolve_model(config.model), cluster, config.train.global_batch_size,
+                       top_k=PLANS, space=SearchSpace(dtype="fp32"))  # fmt: skip
     return [scored.strategy.to_string() for scored in report.result.ranked]
 
 

@@ -40,11 +40,16 @@ def _arrivals(d: Deployment) -> list[Arrival]:
     return out
 
 
-def _log(policy) -> list[dict]:
+def _busy(policy) -> Deployment:
+    """The fixed overloaded deployment (see ``DIGESTS``) under ``policy``."""
     config = EngineConfig(policy=policy, max_num_seqs=64, max_num_batched_tokens=2048,
                           max_loras=8, swap_space=2**30)  # fmt: skip
-    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 60, (8, 64),
-                   config=config, gpu_memory_utilization=0.3)  # fmt: skip
+    return Deployment(load_model("llama2-7b"), load_device("a100-80g"), 60, (8, 64),
+                      config=config, gpu_memory_utilization=0.3)  # fmt: skip
+
+
+def _log(policy) -> list[dict]:
+    d = _busy(policy)
     log = DecisionLog()
     engine = build_engine(d, clock=SimClock(), decision_log=log)
     run(engine, _arrivals(replace(d)))
@@ -68,10 +73,7 @@ def test_a_fixed_simulation_decides_as_pinned(name):
 def test_the_kv_hit_rate_is_a_share_of_the_blocks_looked_up():
     """Preempted requests look their blocks up again: hits are counted against every
     lookup, so the rate stays a rate (it was hits over prompt blocks, above 1 under load)."""
-    config = EngineConfig(policy="elora", max_num_seqs=64, max_num_batched_tokens=2048,
-                          swap_space=2**30)  # fmt: skip
-    d = Deployment(load_model("llama2-7b"), load_device("a100-80g"), 60, (8, 64),
-                   config=config, gpu_memory_utilization=0.3)  # fmt: skip
+    d = _busy("elora")
     engine = build_engine(d, clock=SimClock())
     requests, _, orphans = run(engine, _arrivals(d))
     figures = pool_figures(engine, requests, orphans)

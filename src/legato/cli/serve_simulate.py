@@ -79,7 +79,7 @@ def _numbers(text: str, flag: str, kind=float) -> list:
 def _arrivals_at(args, deployment):
     """rate -> the arrivals of the workload (the trace's own rate when it is a file)."""
     from legato.serve import workload
-    from legato.serve.simulate import arrivals_of
+    from legato.serve.simulate import arrivals_of, slora_arrivals
 
     names, seq_len = deployment.adapter_names(), deployment.model.seq_len
     instruction = args.instruction_len
@@ -92,12 +92,8 @@ def _arrivals_at(args, deployment):
             raise ConfigError(f"--cv: must be > 0, got {args.cv}")
 
         def at(rate: float):
-            n = max(1, int(rate * args.duration * 1.5) + 10)
-            stream = workload.synthetic(n, rate, 1.0 / args.cv**2, names, args.alpha,
-                                        inputs, outputs, args.seed)  # fmt: skip
-            return arrivals_of(
-                [r for r in stream if r.arrival_s < args.duration], seq_len, instruction
-            )
+            return slora_arrivals(names, seq_len, rate, args.duration, args.cv, args.alpha,
+                                  inputs, outputs, instruction, args.seed)  # fmt: skip
 
         return at
     if args.workload.endswith(".jsonl"):

@@ -169,22 +169,29 @@ def find_capacity(
     return best, best_run
 
 
+def _each_slot_count(d: Deployment, candidates: Sequence[int], measure: Callable) -> dict:
+    """``measure(case)`` of ``d`` under vLLM with each ``--max-loras`` of ``candidates`` in
+    turn, until one leaves no KV blocks (more slots would leave fewer)."""
+    out = {}
+    for slots in candidates:
+        case = replace(d, config=replace(d.config, policy="vllm", max_loras=slots))
+        try:
+            out[slots] = measure(case)
+        except ConfigError:  # the slots leave no KV blocks
+            break
+    if not out:
+        raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
+    return out
+
+
 def best_max_loras(
     d: Deployment, arrivals: Sequence[Arrival], slo_ttft_s: float, candidates: Sequence[int]
 ) -> tuple[int, dict, dict[int, float]]:
     """vLLM's ``--max-loras`` giving the best goodput under the TTFT SLO, searched over
     ``candidates`` (those whose slots leave KV room); the value, its run, and every
     candidate's goodput."""
-    goodputs, runs = {}, {}
-    for slots in candidates:
-        case = replace(d, config=replace(d.config, policy="vllm", max_loras=slots))
-        try:
-            runs[slots] = simulate(case, arrivals, slo_ttft_s)
-        except ConfigError:  # the slots leave no KV blocks
-            break
-        goodputs[slots] = runs[slots]["request_goodput"]
-    if not goodputs:
-        raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
+    runs = _each_slot_count(d, candidates, lambda case: simulate(case, arrivals, slo_ttft_s))
+    goodputs = {slots: run["request_goodput"] for slots, run in runs.items()}
     best = max(goodputs, key=lambda s: (goodputs[s], -s))
     return best, runs[best], goodputs
 
@@ -203,15 +210,9 @@ def capacity(
     if d.config.policy != "vllm" or not slots:
         rate, at = find_capacity(d, arrivals_at, slo_ttft_p99_s, **search)
         return {"policy": d.config.policy, "capacity_rps": rate, "at_capacity": at}
-    found = {}
-    for n in slots:
-        case = replace(d, config=replace(d.config, max_loras=n))
-        try:
-            found[n] = find_capacity(case, arrivals_at, slo_ttft_p99_s, **search)
-        except ConfigError:  # these slots leave no KV blocks, nor will more
-            break
-    if not found:
-        raise ConfigError("--max-loras: no slot count leaves room for KV blocks")
+    found = _each_slot_count(
+        d, slots, lambda case: find_capacity(case, arrivals_at, slo_ttft_p99_s, **search)
+    )
     best = max(found, key=lambda n: (found[n][0], -n))
     return {"policy": "vllm", "capacity_rps": found[best][0], "max_loras": best,
             "capacity_by_max_loras": {str(n): rate for n, (rate, _) in found.items()},

@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from legato.lora.adapter import AdapterShape
+from legato.serve import workload
 from legato.serve.bench_metrics import RequestTiming, summarize
 from legato.serve.engine import Engine, Request
 from legato.serve.sampling import SamplingParams
@@ -235,6 +236,26 @@ def prompt_of(index: int, length: int, instruction_len: int = 0) -> list[int]:
     the module docstring)."""
     question = [index % INSTRUCTION_TOKEN] + [0] * (length - instruction_len - 1)
     return [INSTRUCTION_TOKEN] * instruction_len + question
+
+
+def slora_arrivals(
+    names: Sequence[str],
+    seq_len: int,
+    rate: float,
+    duration: float,
+    cv: float,
+    alpha: float,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    instruction_len: int = 0,
+    seed: int = 0,
+) -> list[Arrival]:
+    """S-LoRA's workload (``workload.synthetic``) at ``rate`` over ``duration`` seconds of
+    arrivals: enough requests drawn to outlast it, those arriving in it kept."""
+    n = max(1, int(rate * duration * 1.5) + 10)
+    stream = workload.synthetic(n, rate, 1.0 / cv**2, list(names), alpha, input_len,
+                                output_len, seed)  # fmt: skip
+    return arrivals_of([r for r in stream if r.arrival_s < duration], seq_len, instruction_len)
 
 
 def arrivals_of(stream, seq_len: int, instruction_len: int = 0) -> list[Arrival]:
