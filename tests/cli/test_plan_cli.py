@@ -367,3 +367,22 @@ def test_config_rank_writes_the_kth_plan(capsys, tmp_path):
     ):  # fmt: skip
         code, _, err = run(capsys, "plan", *target, *argv)
         assert code == 2 and fragment in err and err.count("\n") == 1
+
+
+def test_config_writes_a_plan_with_expert_parallelism_folded_over_tp(capsys, tmp_path):
+    """A plan whose ep folds over the tensor-parallel ranks is written like any other and
+    resolves to the job `legato train` runs."""
+    from legato.specs.strategy import Strategy
+    from legato.train.config import load_config, resolve_model
+
+    target = ("--model", "tiny-moe", "--cluster", "local-cpu", "--gbs", "8", "--dtype", "fp32",
+              "--top", "100")  # fmt: skip
+    code, data, _ = run(capsys, "plan", *target, "--json")
+    ranked = [plan["strategy"] for plan in json.loads(data)["plans"]]
+    rank = next(k for k, text in enumerate(ranked, 1) if Strategy.parse(text).folded_ep)
+    out = tmp_path / "folded.toml"
+    code, _, err = run(capsys, "plan", *target, "--config", str(out), "--config-rank", str(rank))
+    assert code == 0 and f"wrote {out}: plan #{rank}, {ranked[rank - 1]}" in err
+    config = load_config(out)
+    job = config.job(resolve_model(config.model), config.parallel.nproc)
+    assert job.strategy.folded_ep and job.strategy.ep == job.strategy.tp * job.strategy.dp

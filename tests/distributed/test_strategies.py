@@ -116,6 +116,9 @@ ROWS |= {
     # micro-batches: a tp shard of two sequences is below the swap's 64 KiB floor)
     "tp=2 sp swap": ("dense", 2, "tp=2,sp=1,swap=1,mbs=8"),
     "moe tp=2 swap": ("moe", 2, "tp=2,swap=1,mbs=8"),
+    # tp of MLA and the shared expert on the gathered tokens (the folded-EP row's
+    # coverage row shares tp=2,sp=1 with the experts; this one replicates them over tp)
+    "deepseek tp=2 sp": ("deepseek", 2, "tp=2,sp=1"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     "tp=2 x dp=2 zero=1 loss_chunk": ("dense", 4, "tp=2,dp=2,zero=1,loss_chunk=16"),
     "tp=2 x cp=2": ("dense", 4, "tp=2,cp=2,zero=3"),
@@ -129,6 +132,11 @@ ROWS |= {
     "moe pp=2 x ep=2 zero=1": ("moe", 4, "pp=2,ep=2,zero=1"),
     "moe tp=2 x ep=2 sp": ("moe", 4, "tp=2,dp=2,ep=2,sp=1,zero=2"),
     "deepseek tp=2 x ep=2": ("deepseek", 4, "tp=2,dp=2,ep=2,zero=3"),
+    # ep folded over tp and dp: every rank dispatches its own sequence shard to 4 experts
+    "moe tp=2 x dp=2 ep=4 folded": ("moe", 4, "tp=2,dp=2,ep=4,sp=1,zero=1"),
+    # each expert on 2 of the 4 data-parallel ranks, its gradient summed over the two
+    "moe dp=4 ep=2": ("moe", 4, "dp=4,ep=2,zero=2"),
+    "deepseek pp=2 x tp=2 ep=2 folded": ("deepseek", 4, "pp=2,tp=2,ep=2,sp=1"),
     "gpt pp=2 x tp=2 sp": ("gpt", 4, "pp=2,tp=2,sp=1"),
     "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),
     "pp=2 x cp=2 zero=1": ("dense", 4, "pp=2,cp=2,zero=1"),

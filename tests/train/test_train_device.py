@@ -70,12 +70,14 @@ def test_unsupported_layouts_are_one_line_errors(
     assert "\n" not in str(info.value)
 
 
-def test_ep_smaller_than_dp_is_refused(small_train_args, tmp_path) -> None:
-    config = load_config(
-        None,
-        [*small_train_args(tmp_path), "--train.micro_batch_size=2", "--parallel.strategy=ep=2"],
-    )
+def test_ep_under_ddp_is_refused(small_train_args, tmp_path) -> None:
+    """DDP's all-reduce would sum the experts' shards; ep smaller than dp runs (each
+    expert held by dp/ep ranks)."""
+    args = [*small_train_args(tmp_path), "--train.micro_batch_size=2"]
+    config = load_config(None, [*args, "--parallel.strategy=ep=2,zero=0"])
     config.model.preset = "tiny-moe"
     config.model.overrides = {"num_layers": 2}
-    with pytest.raises(StrategyError, match=r"ep=2 must equal dp\*cp = 4"):
+    with pytest.raises(StrategyError, match=r"ep > 1 needs zero >= 1"):
         config.job(Trainer(config).spec, 4)
+    config.parallel.strategy = "ep=2"
+    assert config.job(Trainer(config).spec, 4).strategy.expert_dp == 2

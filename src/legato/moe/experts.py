@@ -79,7 +79,7 @@ class GroupedExperts(nn.Module):
         super().__init__()
         self.activation = activation
         self.gemm_impl: GemmImpl = "auto"
-        self.grad_scale = 1.0  # expert parallelism: 1/ep, see apply_expert_parallel
+        self.grad_scale = 1.0  # expert parallelism: 1/(dp*cp), see apply_expert_parallel
         shapes = {"up_proj": (ffn, hidden), "down_proj": (hidden, ffn)}
         if gated:
             shapes = {"gate_proj": (ffn, hidden), **shapes}

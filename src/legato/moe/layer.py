@@ -51,6 +51,9 @@ class MoELayer(nn.Module):
         )
         self.shared_experts = shared_experts
         self.ep: EPGroup | None = None
+        # ranks that split one replica's tokens between them, each routing its own
+        # (sequence-parallel ranks when ep folds over tp): see moe_aux_loss
+        self.token_shards = 1
         self.overlap = Overlap()
         self.last_expert_counts: Tensor | None = None
         self.last_aux_loss: Tensor | None = None
@@ -75,6 +78,9 @@ def moe_layers(model: nn.Module) -> list[MoELayer]:
 
 def moe_aux_loss(model: nn.Module) -> Tensor | None:
     """The sum of the last forward's load-balance losses over the MoE layers of ``model``
-    (a whole model or a pipeline stage); None when none ran."""
-    losses = [m.last_aux_loss for m in moe_layers(model) if m.last_aux_loss is not None]
+    (a whole model or a pipeline stage), as this rank's share of the objective: a layer
+    whose replica's tokens are split over ``token_shards`` ranks adds ``1/token_shards`` of
+    its own tokens' loss, so the shards' sum is their mean; None when none ran."""
+    layers = [m for m in moe_layers(model) if m.last_aux_loss is not None]
+    losses = [m.last_aux_loss / m.token_shards for m in layers]
     return torch.stack(losses).sum() if losses else None

@@ -88,6 +88,7 @@ class DataParallelStep:
                     objective = objective + aux_coef * aux.float()
                 objective.backward()
             loss_sum += token_loss.detach()
+        self.laid_out.finish_gradients()
         return _sum(loss_sum, self.gradient_group).item() / max(int(count.item()), 1)
 
     @torch.no_grad()

@@ -7,16 +7,23 @@ expert parameters become DTensors ``Shard(0)`` on the EP mesh, so ``init_weights
 data-parallel mesh, passing ``ignored_params=set(expert_parameters(model))`` to every
 ``fully_shard`` call, so FSDP leaves the experts to EP.
 
+The EP groups cut the ranks whose MoE layers see different tokens: the ``dp x cp``
+ranks, or every rank of a stage when ``ep`` folds over the tensor-parallel ranks
+(``ep`` does not divide ``dp * cp``, Megatron-Core's parallel folding), where each
+sequence-parallel rank routes and dispatches its own shard of the sequence
+(``token_shards = tp``). Where those ranks outnumber ``ep``, each expert is held by the
+``edp`` ranks of the same EP coordinate (``parallel.mesh``).
+
 Gradients. The combine's backward brings every EP rank's token gradients to the expert's
-owner, so an expert's gradient is a *sum* over the EP group, where FSDP and DDP *average*
-over ranks. The experts' gradient is therefore scaled by ``1/ep`` (``grad_scale``) to
-follow the same mean convention. When ``dp*cp > ep`` the experts are replicated over the
-remaining ranks; average their gradients over that complementary mesh (FSDP2 on it, as
-torchtitan does, or an all-reduce) like any replicated parameter.
+owner, and the ``edp`` holders sum theirs after the backward (``expert_gradient_groups``),
+so an expert's gradient is a *sum* over the tokens of all ``dp * cp`` replicas, where
+FSDP and DDP *average* over replicas. The experts' gradient is therefore scaled by
+``1 / (dp * cp)`` (``grad_scale``) to follow the same mean convention.
 """
 
 from __future__ import annotations
 
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
@@ -26,7 +33,7 @@ from legato.moe.chunked_overlap import Overlap
 from legato.moe.comm import EPGroup
 from legato.moe.experts import GroupedExperts
 from legato.moe.layer import MoELayer, moe_layers
-from legato.parallel.mesh import GRADIENT_DIM, submesh
+from legato.parallel.mesh import submesh
 from legato.specs.strategy import Strategy, StrategyError
 
 
@@ -43,20 +50,39 @@ def overlap_of(strategy: Strategy) -> Overlap:
 
 
 def apply_expert(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> set[nn.Parameter]:
-    """The EP applier: experts sharded over the run mesh's ``dp_cp`` ranks (``ep = dp *
-    cp``, as ``parallel.job`` checks); returns the expert parameters the data-parallel
-    applier must leave alone."""
-    apply_expert_parallel(model, submesh(mesh, GRADIENT_DIM), overlap_of(strategy))
+    """The EP applier: experts sharded over the run mesh's ``ep`` dimension; returns the
+    expert parameters the data-parallel applier must leave alone."""
+    shards = strategy.tp if strategy.folded_ep else 1
+    replicas = strategy.dp * strategy.cp
+    apply_expert_parallel(model, submesh(mesh, "ep"), overlap_of(strategy),
+                          token_shards=shards, replicas=replicas)  # fmt: skip
     return set(expert_parameters(model))
 
 
+def expert_gradient_groups(
+    model: nn.Module, strategy: Strategy, mesh: DeviceMesh
+) -> list[tuple[list[nn.Parameter], dist.ProcessGroup]]:
+    """(the expert parameters, the ``edp`` group) whose gradients the holders of the same
+    experts sum after the backward; none when each expert has one holder."""
+    if strategy.ep == 1 or strategy.expert_dp == 1:
+        return []
+    return [(expert_parameters(model), submesh(mesh, "edp").get_group())]
+
+
 def apply_expert_parallel(
-    model: nn.Module, ep_mesh: DeviceMesh, overlap: Overlap | None = None
+    model: nn.Module,
+    ep_mesh: DeviceMesh,
+    overlap: Overlap | None = None,
+    *,
+    token_shards: int = 1,
+    replicas: int | None = None,
 ) -> list[MoELayer]:
     """Shard the experts of every MoE layer in ``model`` over ``ep_mesh`` (1-D), and set
-    the layers' overlap schedule; returns the layers. Works on meta-device models (call
-    ``to_empty`` and ``init_weights`` afterwards) and on initialised ones (each rank keeps
-    its slice of the weights it holds)."""
+    the layers' overlap schedule; returns the layers. ``token_shards``: how many ranks
+    split one replica's tokens (tp when ep folds over it); ``replicas``: the data-parallel
+    replicas whose tokens reach an expert (default: the group's, ``ep / token_shards``).
+    Works on meta-device models (call ``to_empty`` and ``init_weights`` afterwards) and on
+    initialised ones (each rank keeps its slice of the weights it holds)."""
     if ep_mesh.ndim != 1:
         raise ConfigError(f"expert parallelism needs a 1-D ep mesh, got {ep_mesh.ndim} dims")
     size = ep_mesh.size()
@@ -69,9 +95,12 @@ def apply_expert_parallel(
         if layer.ep is not None:
             raise ConfigError("apply_expert_parallel: the model already is expert-parallel")
     ep = EPGroup(ep_mesh.get_group(), size, ep_mesh.get_local_rank())
+    replicas = replicas or size // token_shards
     for layer in layers:
         _shard(layer.experts, ep_mesh, ep)
+        layer.experts.grad_scale = 1.0 / replicas
         layer.ep = ep
+        layer.token_shards = token_shards
         if overlap is not None:
             layer.overlap = overlap
     return layers
@@ -82,4 +111,3 @@ def _shard(experts: GroupedExperts, mesh: DeviceMesh, ep: EPGroup) -> None:
         local = param.detach().chunk(ep.size)[ep.rank].clone()
         sharded = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
-    experts.grad_scale = 1.0 / ep.size

@@ -13,7 +13,8 @@ step), 2 (FSDP2, parameters kept gathered between forward and backward) or 3 (FS
 resharded after forward); ``tp`` (Megatron column/row through ``parallelize_module``,
 vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings through
 ``tensor_families``) with ``sp``; ``cp`` (attention over a load-balanced sequence split);
-``ep`` (experts sharded over the ``dp x cp`` ranks); ``recompute`` (selective or full);
+``ep`` (experts sharded over
+the ``dp x cp`` ranks, or folded over tp and dp: over every rank of a stage); ``recompute`` (selective or full);
 ``swap`` and ``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages
 laid out by the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op);
 ``dtype``, ``mbs``, ``gbs``. What is refused: the values the table marks (``etp``,
@@ -147,10 +148,11 @@ class Job:
         if s.pp > 1:
             extras.append(_describe_schedule(s))
         if s.ep > 1:
-            overlap = s.moe_overlap
-            if overlap != "none":
-                overlap += f" {s.moe_chunks}x{s.moe_groups}"
-            extras.append(f"ep={s.ep} {overlap}")
+            where = " folded over tp" if s.folded_ep else ""
+            where += f", each expert on {s.expert_dp} ranks" if s.expert_dp > 1 else ""
+            overlap = "" if s.moe_overlap == "none" else f" {s.moe_overlap}"
+            overlap += f" {s.moe_chunks}x{s.moe_groups}" if overlap else ""
+            extras.append(f"ep={s.ep}{where}{overlap}")
         extras += [f"recompute={s.recompute}"] if s.recompute != "none" else []
         extras += ["swap"] if s.swap else []
         extras += [f"loss_chunk={s.loss_chunk}"] if s.loss_chunk else []
@@ -234,13 +236,7 @@ def _check_runtime(
             f"the first and the last stage, which would shard the embedding twice); use "
             f"zero=0 or a schedule without a V placement"
         )
-    if s.ep > 1 and s.ep != s.dp * s.cp:
-        raise StrategyError(
-            f"{where}: ep={s.ep} must equal dp*cp = {s.dp * s.cp} (experts sharded over "
-            f"exactly the ranks of a stage that see other tokens; tp ranks route the same "
-            f"tokens)"
-        )
-    if s.ep > 1 and s.zero == 0:
+    if s.ep > 1 and s.zero == 0 and data_parallel:
         raise StrategyError(
             f"{where}: ep > 1 needs zero >= 1 (FSDP2 leaves the experts to EP; the all-reduce "
             f"of zero=0 would sum the experts' shards), got zero=0"

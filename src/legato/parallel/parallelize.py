@@ -25,21 +25,25 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
+from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from legato.memory import ActivationSwap
 from legato.parallel.context import ContextParallel, apply_context_parallel
-from legato.parallel.expert import apply_expert
+from legato.parallel.expert import apply_expert, expert_gradient_groups
 from legato.parallel.fp8 import apply_fp8, compute_dtype
 from legato.parallel.fsdp import apply_data_parallel, unwrap
 from legato.parallel.job import Job
+from legato.parallel.mesh import submesh
 from legato.parallel.recompute import apply_recompute
 from legato.parallel.swap import apply_swap
 from legato.parallel.tensor import apply_tensor
 from legato.parallel.tensor_2d import apply_tensor_2d
+from legato.parallel.tensor_families import tp_partial_parameters
 
 ContextFactory = Callable[[], contextlib.AbstractContextManager]
 
@@ -51,13 +55,17 @@ class Parallelized:
     ``contexts``: entered, in order, around each micro-batch's forward and backward
     (autocast where no applier casts the parameters, the vocabulary-parallel loss, ...).
     ``context``: the sequence split a step applies to each micro-batch (cp > 1).
-    ``swap`` is held so its hooks live as long as the module.
+    ``swap`` is held so its hooks live as long as the module. ``summed``: parameters whose
+    gradient each rank of a group takes from its own tokens only, with that group, for
+    ``finish_gradients``: routers over tp when ep folds over it
+    (``tensor_families.tp_partial_parameters``), experts over their ``edp`` holders.
     """
 
     module: nn.Module
     contexts: list[ContextFactory] = field(default_factory=list)
     context: ContextParallel | None = None
     swap: ActivationSwap | None = None
+    summed: list[tuple[list[nn.Parameter], dist.ProcessGroup]] = field(default_factory=list)
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:
@@ -65,6 +73,18 @@ class Parallelized:
             for factory in self.contexts:
                 stack.enter_context(factory())
             yield
+
+    @torch.no_grad()
+    def finish_gradients(self) -> None:
+        """After a step's backward (and FSDP2's reduce-scatter, which leaves each rank the
+        same shard index as its tp and edp peers): sum the ``summed`` gradients over their
+        groups, every rank of a group in the same order."""
+        for params, group in self.summed:
+            for param in params:
+                grad = param.grad
+                if grad is not None:
+                    dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad,
+                                    group=group)  # fmt: skip
 
 
 def parallelize(
@@ -104,4 +124,7 @@ def parallelize(
         register_fsdp_forward_method(module, "hidden_states")
     if s.swap:
         out.swap = apply_swap(unwrap(module))
+    if s.folded_ep:
+        out.summed.append((tp_partial_parameters(unwrap(module)), submesh(mesh, "tp").get_group()))
+    out.summed += expert_gradient_groups(model, s, mesh) if s.ep > 1 else []
     return out

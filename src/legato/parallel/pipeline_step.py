@@ -127,6 +127,8 @@ class PipelineStep:
             )
         if not self.sharded:
             self._sum_gradients()
+        for laid_out in self.laid_out:
+            laid_out.finish_gradients()
         self.runner.sync_tied_embeddings()
         total = loss.detach().clone() if loss is not None else torch.zeros((), device=device)
         # every tensor-parallel rank of a last stage holds the same loss

@@ -11,6 +11,13 @@ reuse it where their modules play those roles and add only what their own module
   and the same expert gradients and nothing needs reducing over tp; experts sharded by
   ``ep`` are sharded over the ``dp x cp`` ranks of each tp coordinate. Shared experts are
   column/row parallel, the dense MLP's plan under another name.
+* **MoE layers with ep folded over tp** (``ep = dp * cp * tp``, sp; Megatron-Core's
+  parallel folding): each rank routes and dispatches its own sequence shard, so the layer
+  takes and returns the local shard; the shared experts gather the tokens for their
+  column-parallel GEMMs and reduce-scatter them back after the row-parallel one. The
+  router, replicated, sees its rank's tokens only: its gradient is summed over tp after
+  the backward (``tp_partial_parameters``; Megatron does the same for sequence-parallel
+  weights in its gradient finalisation).
 * **MLA** (DeepSeek): the up-projections that make per-head features (``q_b_proj`` or
   ``q_proj``, ``kv_b_proj``) are column-parallel, so each rank holds its heads, and
   ``o_proj`` is row-parallel, the roles of q/k/v and o. The low-rank down-projections and
@@ -34,27 +41,34 @@ from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard
 from torch.distributed.tensor.parallel import (
+    ColwiseParallel,
     ParallelStyle,
     PrepareModuleInput,
     PrepareModuleInputOutput,
     PrepareModuleOutput,
+    RowwiseParallel,
     SequenceParallel,
     parallelize_module,
 )
 
 from legato.models.mla import MLAttention
 from legato.models.moe import MoE
+from legato.moe.layer import moe_layers
 
 Plan = dict[str, ParallelStyle]
 
 
-def family_plan(block: nn.Module, dense: Plan, replicated_dense: Plan, sp: bool) -> Plan:
+def family_plan(
+    block: nn.Module, dense: Plan, replicated_dense: Plan, sp: bool, folded_ep: bool = False
+) -> Plan:
     """The plan of ``block`` from the dense plans of the same strategy (``dense``) and of
-    tp alone (``replicated_dense``, whose MLP takes and returns replicated tensors)."""
+    tp alone (``replicated_dense``, whose MLP takes and returns replicated tensors);
+    ``folded_ep``: expert parallelism spans the tp ranks (needs ``sp``)."""
     plan = dict(dense)
     if isinstance(block.mlp, MoE):
         plan = {k: v for k, v in plan.items() if not k.startswith("mlp")}
-        plan.update(_moe_plan(block.mlp, replicated_dense, sp))
+        moe_plan = _folded_moe_plan if folded_ep else _moe_plan
+        plan.update(moe_plan(block.mlp, replicated_dense, sp))
     if isinstance(block.self_attn, MLAttention):
         plan = _mla_plan(block.self_attn, plan)
     elif block.self_attn.q_norm is not None:  # [b, S, heads, d]: the heads are dim 2
@@ -79,6 +93,40 @@ def _moe_plan(moe: MoE, replicated_dense: Plan, sp: bool) -> Plan:
             if name.startswith("mlp."):
                 plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
     return plan
+
+
+def _folded_moe_plan(moe: MoE, replicated_dense: Plan, sp: bool) -> Plan:
+    """Each rank's own sequence shard through the layer (as local tokens ``[B*S/tp, h]``);
+    the shared experts' GEMMs on all of them, split on the token dimension around them."""
+    assert sp, "Strategy.check: ep folded over tp needs sp"
+    shard = Shard(1)
+    plan: Plan = {
+        "mlp": PrepareModuleInputOutput(
+            input_layouts=(shard, None),
+            desired_input_layouts=(shard, None),
+            use_local_input=True,
+            output_layouts=shard,
+            desired_output_layouts=shard,
+            use_local_output=False,
+        )
+    }
+    if moe.shared_experts is not None:
+        for name, style in replicated_dense.items():
+            if not name.startswith("mlp."):
+                continue
+            if isinstance(style, ColwiseParallel):
+                style = ColwiseParallel(input_layouts=Shard(0))
+            elif isinstance(style, RowwiseParallel):
+                style = RowwiseParallel(output_layouts=Shard(0))
+            plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
+    return plan
+
+
+def tp_partial_parameters(model: nn.Module) -> list[nn.Parameter]:
+    """The parameters whose gradient each tp rank computes from its own tokens only, to be
+    summed over tp after the backward: the routers of MoE layers whose ranks route their
+    own sequence shards (``token_shards > 1``)."""
+    return [p for m in moe_layers(model) if m.token_shards > 1 for p in m.gate.parameters()]
 
 
 def _mla_plan(attn: MLAttention, plan: Plan) -> Plan:

@@ -45,7 +45,8 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("vpp", ("pp=2,schedule=interleaved,vpp=2",)),
     PricedKey("slices", ("pp=2,schedule=seq1f1b,slices=2",)),
     PricedKey("memory_cap", ("pp=2,schedule=svpp,slices=2,memory_cap=4",)),
-    PricedKey("ep", ("ep=2",), needs_moe=True),
+    # folded over the tp ranks (ep = dp*cp*tp, Megatron-Core's parallel folding) as well
+    PricedKey("ep", ("ep=2", "tp=2,sp=1,ep=2"), needs_moe=True),
     PricedKey("moe_overlap", ("ep=2,moe_overlap=domino,moe_chunks=2",), needs_moe=True),
     PricedKey("moe_chunks", ("ep=2,moe_overlap=comet,moe_chunks=2",), needs_moe=True),
     PricedKey("moe_groups", ("ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2",), needs_moe=True),

@@ -39,7 +39,7 @@ from legato.parallel.batch_split import check_batch_split, even_split, microbatc
 from legato.parallel.data_parallel_step import DataParallelStep
 from legato.parallel.fp8 import compute_dtype
 from legato.parallel.job import AUTO, Job
-from legato.parallel.mesh import GRADIENT_DIM, build_mesh, submesh
+from legato.parallel.mesh import build_mesh, expert_dim, submesh
 from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline_step import PipelineStep
 from legato.parallel.process_group import DistContext, process_group
@@ -424,8 +424,10 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.spec.is_moe:  # routers' load counts: bias update (if any) and reset
-            many = self.job.gradient_ranks > 1
-            group = submesh(self.ctx.mesh, GRADIENT_DIM).get_group() if many else None
+            # every rank whose layers routed other tokens (dp x cp, and tp when ep folds)
+            dim = expert_dim(self.job.strategy)
+            many = self.job.gradient_ranks > 1 or self.job.strategy.folded_ep
+            group = submesh(self.ctx.mesh, dim).get_group() if many else None
             end_step(self.step.module, self.config.train.router_bias_rate, group)
         return loss, norm
 
