@@ -88,7 +88,6 @@ def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices
 
 CONFIG_ERRORS = [
     ("etp=2", "parallel.strategy: etp=2: expert tensor parallelism (each expert's GEMMs"),
-    ("dtype=fp16", "parallel.strategy: dtype=fp16: fp16 training needs dynamic loss scaling"),
     ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
     ("pp=x", "parallel.strategy: strategy.pp must be an integer"),
     ("pp=2,schedule=fast", "parallel.strategy: strategy.schedule must be one of"),

@@ -121,7 +121,7 @@ BAD = [
     (["--train.steps=0"], "train.steps: must be >= 1"),
     (["--optim.lr=-1"], "optim.lr: must be > 0"),
     (["--optim.beta2=1.0"], "optim.beta2: must be in [0, 1)"),
-    (["--train.dtype=fp16"], "train.dtype: must be one of 'fp32' | 'bf16'"),
+    (["--train.dtype=fp4"], "train.dtype: must be one of 'fp32' | 'bf16' | 'fp16'"),
     (["--parallel.backend=mpi"], "parallel.backend: must be one of"),
     (["--parallel.fsdp=yes"], "parallel.fsdp: no longer a config field"),
     (["--data.paths=3"], "data.paths: expected list of str | str, got 3"),

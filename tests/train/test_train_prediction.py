@@ -66,19 +66,32 @@ def test_no_prediction_with_cluster_none(
     assert "predicted_step_time_s" not in json.loads((run / "summary.json").read_text())
 
 
-def test_auto_picks_only_what_the_runtime_runs() -> None:
-    """On a MoE model the planner also proposes layouts the runtime refuses (ep under
-    zero=1); auto's ranking holds none of them: every ranked plan resolves into a Job."""
-    config = load_config(None, ["--model.preset=tiny-moe", "--parallel.strategy=auto"])
+def _auto_plans(preset: str, world: int):
+    config = load_config(None, [f"--model.preset={preset}", "--parallel.strategy=auto"])
     spec = resolve_model(config.model)
-    cluster = load_cluster("local-cpu", nodes=1, devices_per_node=2)
+    cluster = load_cluster("local-cpu", nodes=1, devices_per_node=world)
     machine = Machine(cluster, CALIBRATION, True, Runtime(), "local-cpu")
-    report = plan_run(config, spec, 2, machine)
+    return config, spec, plan_run(config, spec, world, machine)
+
+
+def test_auto_picks_only_what_the_runtime_runs() -> None:
+    """The planner also proposes layouts the runtime refuses (tiny-gpt on 4 processes:
+    zero=1 with a tied embedding under zb-v); auto's ranking holds none of them: every
+    ranked plan resolves into a Job."""
+    config, spec, report = _auto_plans("tiny-gpt", 4)
     assert report.result.ranked
-    assert report.result.stats.invalid > 0  # the refused ones were proposed, and dropped
+    assert "zero=1 with tied_embeddings" in report.result.stats.first_invalid  # dropped
     for scored in report.result.ranked:
-        job = config.with_strategy(scored.strategy.to_string()).job(spec, 2)
-        assert job.strategy.ep == scored.strategy.ep and job.strategy.tp == scored.strategy.tp
+        job = config.with_strategy(scored.strategy.to_string()).job(spec, 4)
+        assert job.strategy.pp == scored.strategy.pp and job.strategy.tp == scored.strategy.tp
+
+
+@pytest.mark.parametrize("preset", ["tiny-moe", "tiny-deepseek"])
+def test_the_runtime_runs_every_moe_plan_on_two_processes(preset: str) -> None:
+    """ep over the data ranks, folded over tp, under ZeRO 1-3: nothing the planner
+    proposes for an MoE model on 2 processes is refused."""
+    _, _, report = _auto_plans(preset, 2)
+    assert report.result.ranked and report.result.stats.invalid == 0
 
 
 def test_auto_runs_the_pick_and_says_why(

@@ -18,7 +18,7 @@ import torch
 from legato.calibrate.timing import seconds_per_call
 from legato.devices.gemm_fit import GemmTiming
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # Shapes (M, N, K) spanning the small dimensions of a small model's GEMMs (tokens x hidden,
 # hidden x FFN, the vocabulary head) and large squares that show the asymptote.

@@ -59,20 +59,26 @@ class DataParallelStep:
         self.counts_tokens = first_tensor_rank(mesh)
 
     def forward_backward(
-        self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
+        self,
+        inputs: Tensor,
+        labels: Tensor,
+        split: Sequence[int] | None = None,
+        loss_multiplier: float = 1.0,
     ) -> float:
         """This rank's rows in ``microbatch_count(split, mbs)`` micro-batches; returns the
         global batch's mean loss, the same on every rank. ``split``: every dp rank's row
-        count this step (the same list on all ranks); None = the even ``gbs / dp``."""
+        count this step (the same list on all ranks); None = the even ``gbs / dp``.
+        ``loss_multiplier``: the backward runs on the objective times it, so the gradients
+        come out times it (fp16 loss scaling)."""
         job, model = self.job, self.module
         steps = microbatch_count(split or self.even_split, job.strategy.mbs)
         sizes = chunk_sizes(len(inputs), steps)
-        aux_coef = self.aux_loss_coef / steps
+        aux_coef = self.aux_loss_coef / steps * loss_multiplier
         inputs, labels = inputs.to(self.device), labels.to(self.device)
         count = _sum((labels != IGNORE_INDEX).sum(), self.dp_group)  # cp ranks: same rows
         if self.laid_out.context is not None:  # this rank's zigzag share of each sequence
             inputs, labels, _ = self.laid_out.context.shard(inputs, labels)
-        scale = job.gradient_ranks / max(int(count.item()), 1)
+        scale = job.gradient_ranks / max(int(count.item()), 1) * loss_multiplier
         loss_sum = torch.zeros((), device=self.device)
         for i, (rows_in, rows_out) in enumerate(
             zip(inputs.split(sizes), labels.split(sizes), strict=True)

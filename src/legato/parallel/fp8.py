@@ -15,9 +15,13 @@ from legato.specs.dtypes import DTYPE_KINDS, FP8_TRAIN_DTYPES
 
 
 def compute_dtype(dtype: str) -> torch.dtype | None:
-    """What the GEMMs around FP8 run in: bf16 for 'bf16' and the FP8 dtypes, else None
-    (fp32). Master weights, gradients and optimizer state stay fp32 in every case."""
-    return torch.bfloat16 if DTYPE_KINDS[dtype].compute == "bf16" else None
+    """What the GEMMs around FP8 run in: bf16 for 'bf16' and the FP8 dtypes, fp16 for
+    'fp16', else None (fp32). Master weights, gradients and optimizer state stay fp32 in
+    every case."""
+    return _LOW.get(DTYPE_KINDS[dtype].compute)
+
+
+_LOW = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def apply_fp8(model: nn.Module, dtype: str, *, all_gather: bool) -> list[str]:

@@ -17,8 +17,7 @@ vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings th
 the ``dp x cp`` ranks, or folded over tp and dp: over every rank of a stage); ``recompute`` (selective or full);
 ``swap`` and ``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages
 laid out by the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op);
-``dtype``, ``mbs``, ``gbs``. What is refused: the values the table marks (``etp``,
-``dtype=fp16``), and the combinations of ``_check_runtime`` and ``check_tensor_parallel``,
+``dtype``, ``mbs``, ``gbs``. What is refused: the values the table marks (``etp``), and the combinations of ``_check_runtime`` and ``check_tensor_parallel``,
 each with its reason (docs/training.md lists them). The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
@@ -58,8 +57,8 @@ OWNED_BY_TRAIN = {
     "gbs": "train.global_batch_size",
     "dtype": "train.dtype",
 }
-# strategy dtype -> the trained dtype it means (fp16: refused, see specs.priced_keys)
-TRAINED_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp8": "fp8"}
+# strategy dtype -> the trained dtype it means
+TRAINED_DTYPE = {"fp32": "fp32", "bf16": "bf16", "fp16": "fp16", "fp8": "fp8"}
 PIPELINE_ONLY = ("vpp", "schedule", "slices", "memory_cap")
 
 

@@ -103,12 +103,17 @@ class PipelineStep:
         return [p for p in self.params if id(p) != copy]
 
     def forward_backward(
-        self, inputs: Tensor, labels: Tensor, split: Sequence[int] | None = None
+        self,
+        inputs: Tensor,
+        labels: Tensor,
+        split: Sequence[int] | None = None,
+        loss_multiplier: float = 1.0,
     ) -> float:
-        """Run the schedule over this replica's rows; gradients reduced over dp. Returns the
-        global batch's mean loss (the same on every rank). ``split`` (the step interface's
-        rows per dp rank) is the even one here: ``train.batch_split`` needs pp = 1, as the
-        schedule runs equal micro-batches on every replica."""
+        """Run the schedule over this replica's rows; gradients reduced over dp, times
+        ``loss_multiplier`` (fp16 loss scaling). Returns the global batch's mean loss (the
+        same on every rank). ``split`` (the step interface's rows per dp rank) is the even
+        one here: ``train.batch_split`` needs pp = 1, as the schedule runs equal
+        micro-batches on every replica."""
         device = self.ctx.device
         inputs, labels = inputs.to(device), labels.to(device)
         count = (labels != IGNORE_INDEX).sum()  # cp ranks hold the same rows: count over dp
@@ -122,9 +127,8 @@ class PipelineStep:
         scale = averaged / max(int(count), 1)
         with reduce_after_pipeline(self.stages.values()), self.laid_out[0].step_context():
             self._gather()
-            loss = self.runner.step(
-                inputs, labels, loss_scale=scale, position_ids=positions, sync_tied=False
-            )
+            loss = self.runner.step(inputs, labels, loss_scale=scale, position_ids=positions,
+                                    loss_multiplier=loss_multiplier, sync_tied=False)  # fmt: skip
         if not self.sharded:
             self._sum_gradients()
         for laid_out in self.laid_out:

@@ -40,7 +40,7 @@ DTYPE_KINDS: dict[str, DtypeKind] = {
         DtypeKind("fp32", 4, "fp32", trainable=True),
         DtypeKind("tf32", 4, "tf32"),
         DtypeKind("bf16", 2, "bf16", trainable=True),
-        DtypeKind("fp16", 2, "fp16"),
+        DtypeKind("fp16", 2, "fp16", trainable=True),
         DtypeKind("fp8", 1, "bf16", fp8_recipe="tilewise", trainable=True),
         DtypeKind("fp8-rowwise", 1, "bf16", fp8_recipe="rowwise", trainable=True),
         DtypeKind("fp8-tensorwise", 1, "bf16", fp8_recipe="tensorwise"),

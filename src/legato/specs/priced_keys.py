@@ -12,8 +12,8 @@ runtime and its tests see.
 ``examples``: strategy strings that turn the key on over 2 processes (4 for ``tp=2x2``),
 with no other key than those the example needs; values the runtime runs alike (zb-2p
 as zb-h1, 1f1b as gpipe) are left to one of them. ``needs_moe``: the key only means
-something on an MoE model. ``refused_values``: values ``legato train`` does not run
-(empty with a ``refused`` reason: every value but the default).
+something on an MoE model. ``refused``: why ``legato train`` runs no value of the key
+but its default.
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ class PricedKey:
     examples: tuple[str, ...]
     needs_moe: bool = False
     refused: str = ""
-    refused_values: tuple[str, ...] = ()
 
 
 PRICED_KEYS: tuple[PricedKey, ...] = (
@@ -60,14 +59,7 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("recompute", ("recompute=selective", "recompute=full")),
     PricedKey("swap", ("swap=1",)),
     PricedKey("loss_chunk", ("loss_chunk=32",)),
-    PricedKey(
-        "dtype",
-        ("dtype=bf16", "dtype=fp8"),
-        refused="fp16 training needs dynamic loss scaling, which legato does not run: "
-        "bf16 has fp32's exponent range and trains the same models without it "
-        "(the planner prices fp16 for devices without bf16)",
-        refused_values=("fp16",),
-    ),
+    PricedKey("dtype", ("dtype=bf16", "dtype=fp16", "dtype=fp8")),
     PricedKey("mbs", ("mbs=2",)),
     PricedKey("gbs", ("gbs=8",)),
 )
@@ -77,7 +69,4 @@ KEYS: dict[str, PricedKey] = {row.key: row for row in PRICED_KEYS}
 def refused_reason(key: str, value: object, default: object) -> str:
     """Why ``legato train`` does not run ``key=value``; '' where it does."""
     row = KEYS[key]
-    if not row.refused or value == default:
-        return ""
-    hit = str(value) in row.refused_values if row.refused_values else True
-    return row.refused if hit else ""
+    return row.refused if row.refused and value != default else ""

@@ -162,10 +162,11 @@ class TrainSection:
             "even split; [] = the even split"
         },
     )
-    dtype: Literal["fp32", "bf16", "fp8", "fp8-rowwise"] = _doc(
+    dtype: Literal["fp32", "bf16", "fp16", "fp8", "fp8-rowwise"] = _doc(
         "fp32",
-        "'fp32'; 'bf16' mixed precision (fp32 master weights); 'fp8' (tile-wise) or "
-        "'fp8-rowwise': bf16 with FP8 block linears and experts (fp32 master weights)",
+        "'fp32'; 'bf16' mixed precision (fp32 master weights); 'fp16' the same with dynamic "
+        "loss scaling (for GPUs without bf16; a step whose gradients overflow is skipped); "
+        "'fp8' (tile-wise) or 'fp8-rowwise': bf16 with FP8 block linears and experts",
     )
     fp8_all_gather: bool = _doc(
         False,

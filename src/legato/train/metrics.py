@@ -25,7 +25,7 @@ class StepMetrics:
     step: int
     loss: float
     lr: float
-    grad_norm: float
+    grad_norm: float | None  # None: an fp16 step skipped for overflowed gradients
     tokens: int
     step_time_s: float
     tokens_per_s: float
@@ -33,6 +33,7 @@ class StepMetrics:
     peak_memory_bytes: int
     predicted_step_time_s: float | None = None  # the cost model's, for this job
     batch_split: list[int] | None = None  # each data-parallel rank's rows this step
+    loss_scale: float | None = None  # fp16: the dynamic loss scale after this step
 
 
 @dataclass

@@ -18,7 +18,7 @@ def describe(m: StepMetrics, total: int) -> str:
         f"step {m.step:>{len(str(total))}}/{total}",
         f"loss {m.loss:.4f}",
         f"lr {m.lr:.2e}",
-        f"grad {m.grad_norm:.3f}",
+        f"grad {m.grad_norm:.3f}" if m.grad_norm is not None else "skipped (fp16 overflow)",
         f"{m.tokens_per_s:,.0f} tok/s",
     ]
     if m.mfu is not None:

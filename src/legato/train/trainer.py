@@ -19,6 +19,7 @@ import operator
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +52,7 @@ from legato.train.compile import compile_blocks
 from legato.train.config import TrainConfig, resolve_model
 from legato.train.evaluate import evaluate
 from legato.train.interrupt import StopSignals, stopped_line
+from legato.train.loss_scaler import LossScaler
 from legato.train.metrics import (
     EvalMetrics,
     MetricsLog,
@@ -115,6 +117,9 @@ class Trainer:
         # trainer started, so a split decided right after a launch never finds no layout
         self.layout_resolved = threading.Event()
         self.last_step = 0  # the newest finished step (read by a cluster executor's poll)
+        # fp16's dynamic loss scale (None for the other dtypes)
+        fp16 = compute_dtype(config.train.dtype) == torch.float16
+        self.loss_scaler = LossScaler() if fp16 else None
 
     def request_stop(self) -> None:
         """Stop after the step under way, as a stop signal would: every rank stops after
@@ -251,8 +256,9 @@ class Trainer:
     def _build(self, ctx: DistContext) -> None:
         cfg, job = self.config, self.job
         low = compute_dtype(cfg.train.dtype)  # bf16 for bf16 and fp8; fp32 masters always
-        if low is not None and ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported():
-            raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp32'")
+        no_bf16 = ctx.device.type == "cuda" and not torch.cuda.is_bf16_supported()
+        if low == torch.bfloat16 and no_bf16:
+            raise ConfigError("train.dtype: this GPU does not support bf16; use 'fp16' or 'fp32'")
         # The full model is built (seeded) on every rank and then laid out or cut into
         # stages, so any layout starts from identical weights.
         model = build_model(self.spec, seed=cfg.train.seed, device=ctx.device)
@@ -299,6 +305,8 @@ class Trainer:
         ckpt.load_checkpoint(self.ctx, path, self.model, self.optimizer, only=self._owned)
         apply_hyperparameters(self.optimizer, cfg.optim)  # the state carries the old ones
         self.scheduler.load_state_dict(resume.schedule_state(meta))
+        if self.loss_scaler is not None and "loss_scaler" in meta:
+            self.loss_scaler.load_state_dict(meta["loss_scaler"])
         self.scheduler.change(cfg.optim, cfg.train.steps)
         step = int(meta["step"])
         return step, path, changes, resume.resumed_line(path, step, changes, meta)
@@ -350,6 +358,7 @@ class Trainer:
                 loss=loss,
                 lr=lr,
                 grad_norm=grad_norm,
+                loss_scale=self.loss_scaler.scale if self.loss_scaler is not None else None,
                 tokens=tokens,
                 step_time_s=elapsed,
                 tokens_per_s=rate,
@@ -415,13 +424,26 @@ class Trainer:
 
     def _train_step(
         self, inputs: torch.Tensor, labels: torch.Tensor, split: list[int]
-    ) -> tuple[float, float]:
+    ) -> tuple[float, float | None]:
         """Forward/backward over the micro-batches (``split``: every dp rank's rows), then
-        clip and update; (loss, grad norm)."""
-        loss = self.step.forward_backward(inputs, labels, split)
-        norm = self.step.clip_grad_norm(self.config.optim.grad_clip or math.inf)
-        self.optimizer.step()
-        self.scheduler.step()
+        clip and update; (loss, grad norm). fp16: the gradients come out times the loss
+        scale and are divided by it; a step that overflowed on any rank is skipped (grad
+        norm None) and the learning-rate schedule moves on as after any step."""
+        scaler = self.loss_scaler
+        multiplier = scaler.scale if scaler is not None else 1.0
+        loss = self.step.forward_backward(inputs, labels, split, multiplier)
+        finite = True
+        if scaler is not None:
+            params = [p for group in self.optimizer.param_groups for p in group["params"]]
+            finite = scaler.unscale(params, self.ctx.device)
+            scaler.update(finite)
+        norm = None
+        if finite:
+            norm = self.step.clip_grad_norm(self.config.optim.grad_clip or math.inf)
+            self.optimizer.step()
+        with warnings.catch_warnings():  # a skipped step: torch warns the order is wrong
+            warnings.filterwarnings("ignore", "Detected call of `lr_scheduler.step", UserWarning)
+            self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         if self.spec.is_moe:  # routers' load counts: bias update (if any) and reset
             # every rank whose layers routed other tokens (dp x cp, and tp when ep folds)
@@ -441,6 +463,8 @@ class Trainer:
             "data": self.dataset.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
+        if self.loss_scaler is not None:
+            meta["loss_scaler"] = self.loss_scaler.state_dict()
         return ckpt.save_checkpoint(
             self.ctx,
             run_dir / "checkpoints",

@@ -178,7 +178,7 @@ class PipelineRunner:
         self._ids: tuple[Tensor, ...] = ()
         self._labels: tuple[Tensor, ...] = ()
         self._positions: tuple[Tensor, ...] = ()
-        self._loss_scale = 1.0
+        self._loss_scale = self._multiplier = 1.0
         self._loss = torch.zeros(())
         self._handlers = {
             "F": self._forward, "B": self._backward, "BW": self._backward, "W": self._weight,
@@ -208,6 +208,7 @@ class PipelineRunner:
         labels: Tensor,
         *,
         loss_scale: float | None = None,
+        loss_multiplier: float = 1.0,
         position_ids: Tensor | None = None,
         sync_tied: bool = True,
     ) -> Tensor | None:
@@ -216,7 +217,10 @@ class PipelineRunner:
         loss (a detached scalar) on the rank holding the last stage, else ``None``.
         ``position_ids`` [B, S]: the tokens' true positions when they are not ``0..S-1``
         (a context-parallel shard). ``sync_tied=False`` leaves ``sync_tied_embeddings``
-        to the caller (after it reduced the gradients over data parallelism)."""
+        to the caller (after it reduced the gradients over data parallelism).
+        ``loss_multiplier``: the backward runs on the loss (and the balance loss) times it,
+        so every gradient comes out times it (fp16 loss scaling); the returned loss is not
+        multiplied."""
         s = self.schedule
         if input_ids.shape != labels.shape or input_ids.dim() != 2:
             raise ConfigError(
@@ -236,7 +240,7 @@ class PipelineRunner:
         self._positions = position_ids.to(self.device).chunk(s.microbatches)
         if loss_scale is None:
             loss_scale = 1.0 / max(int((labels != IGNORE_INDEX).sum()), 1)
-        self._loss_scale = loss_scale
+        self._loss_scale, self._multiplier = loss_scale, loss_multiplier
         self._loss = torch.zeros((), device=self.device)
         for state in (self._units, self._caches, self._inbox, self._grad_out):
             state.clear()  # after a failed step
@@ -305,9 +309,9 @@ class PipelineRunner:
                 out = stage(inp, positions)
         aux = moe_aux_loss(stage) if self.aux_loss_scale else None
         if aux is not None:  # read now: the layers keep only their last forward's
-            aux = aux.float() * self.aux_loss_scale
+            aux = aux.float() * (self.aux_loss_scale * self._multiplier)
         if stage.is_last:
-            self._loss += out.detach()
+            self._loss += out.detach() / self._multiplier
         elif self._local(vs + 1):
             self._inbox[("F", mb, vs + 1, j)] = out.detach()
         kept = [t for t in (x, out) if t is not None]
@@ -320,7 +324,7 @@ class PipelineRunner:
     ) -> Tensor:
         """The last stage's scaled summed loss."""
         loss = stage_loss_sum(stage, inp, positions, labels, self.loss_fn, self.loss_chunk)
-        return loss * self._loss_scale
+        return loss * (self._loss_scale * self._multiplier)
 
     def _backward(self, a: Action) -> None:
         stage, (mb, j, vs) = self.stages[a.stage], a.unit
