@@ -35,14 +35,18 @@ LOSS_TOLERANCE = 1e-5
 # (2**-8 = 4e-3 per rounding) along another path than the one process (FSDP2's bf16
 # parameters vs autocast; seen 7e-3); fp16 has 11-bit mantissas (seen 7e-4; an unscaled
 # gradient would be 65536x off); FP8 rounds weights and activations to 3-bit e4m3
-# mantissas (6% per rounding) in tiles that differ with the layout (seen: 0.11). A wrong
-# gradient factor (a missed or doubled 1/world) is off by >= 0.5.
+# mantissas (6% per rounding) in tiles that differ with the layout (seen: 0.11; under tp
+# 0.15 with 64-wide layers, 0.11 with tile-aligned ones, where the bf16 rounding of another
+# reduction order flips e4m3 roundings: tests/precision/test_precision_tensor_parallel.py
+# checks the FP8 tp linears exact). A wrong gradient factor (a missed or doubled 1/world,
+# an input gradient not summed over tp: 0.88) is off by >= 0.5.
 GRAD_RTOL = {
     "fsdp": 1e-5,
     "ddp": 1e-5,
     "fsdp-bf16": 3e-2,
     "fsdp-fp16": 5e-3,
     "fsdp-fp8-gather": 0.25,
+    "tp-fp8": 0.25,
 }
 # every step's norm against one fp32 process: rounding averages out over a whole model
 # (seen: bf16 1.2e-3, FP8 4e-3 over 6 steps)
@@ -53,6 +57,13 @@ MODES = {
     "fsdp-bf16": ("--train.dtype=bf16",),
     "fsdp-fp16": ("--train.dtype=fp16",),
     "fsdp-fp8-gather": ("--train.dtype=fp8", "--train.fp8_all_gather=true"),
+    # FP8 linears on tensor-parallel shards (conftest's small model with 2 KV heads, tp=2)
+    "tp-fp8": (
+        "--model.overrides={num_layers = 2, hidden_size = 64, num_heads = 2, num_kv_heads = 2, "
+        "ffn_hidden_size = 128, vocab_size = 258, seq_len = 64}",
+        "--parallel.strategy=tp=2,sp=1",
+        "--train.dtype=fp8",
+    ),
 }
 
 
@@ -95,8 +106,12 @@ def gradients(small_train_args, tmp_path_factory: pytest.TempPathFactory) -> dic
             for mode, extra in MODES.items()
         }
 
-    # one process has no FSDP/DDP choice: the fp32 reference serves both
-    ones = {mode: first_step_gradients(args) for mode, args in runs("one").items() if mode != "ddp"}
+    # one process runs the mode without its layout: the fp32 reference serves FSDP and DDP
+    ones = {
+        mode: first_step_gradients([a for a in args if not a.startswith("--parallel.strategy")])
+        for mode, args in runs("one").items()
+        if mode != "ddp"
+    }
     ones["ddp"] = ones["fsdp"]
     ranks = run_ranks(train_on_rank, {}, runs("two"))
     return {mode: (ones[mode], [r["gradients"][mode] for r in ranks]) for mode in MODES}

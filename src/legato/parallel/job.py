@@ -288,7 +288,8 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
             or spec.norm != "rmsnorm"
             or spec.position != "rope"
         ),
-        "dtype=fp8": strategy.dtype == "fp8",
+        "dtype=fp8 with 2-D tp (each block runs the planner's layout op by op, not its "
+        "modules)": strategy.dtype == "fp8" and two_d,
         "loss_chunk > 0 with 2-D tp (the chunked head is split on the vocabulary over one "
         "dimension)": strategy.loss_chunk > 0 and two_d,
     }

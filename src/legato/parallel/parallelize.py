@@ -94,7 +94,8 @@ def parallelize(
     identically on every rank) over ``mesh`` (``parallel.mesh.build_mesh``; None for one
     process, where only the device-level appliers have work)."""
     s = job.strategy
-    sharded = s.zero >= 2 and job.gradient_ranks > 1 and s.pp == 1
+    # FP8 weight gathers: FSDP2's all-gather of plain (not tensor-parallel) weights
+    sharded = s.zero >= 2 and job.gradient_ranks > 1 and s.pp == 1 and s.tp == 1
     apply_fp8(model, job.dtype, all_gather=fp8_all_gather and sharded)
     if s.tp_y > 1:
         apply_tensor_2d(model, s, mesh)

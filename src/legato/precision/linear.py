@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
+from torch.distributed.tensor import DTensor, Partial, Shard
 
 from legato.precision.gemm import fp8_mm
 from legato.precision.tiles import (
@@ -141,13 +142,41 @@ def fp8_grouped_mm(
 
 
 class Fp8Linear(nn.Linear):
-    """``nn.Linear`` computing with :func:`fp8_linear`; same parameters and state dict."""
+    """``nn.Linear`` computing with :func:`fp8_linear`; same parameters and state dict.
+
+    Under tensor parallelism (a DTensor weight, laid out by ``parallelize_module``'s
+    column- or row-parallel style) the FP8 GEMMs run on each rank's shards, as torchao's
+    float8 tensor-parallel styles do: column-parallel, the replicated input times the
+    weight's rows gives this rank's output features; row-parallel, the input's feature
+    shard times the weight's columns gives a partial sum, which the style then reduces (the
+    bias, replicated, is added once by DTensor). Where each shard is a whole number of
+    128-wide tiles, every rank quantises exactly the tiles one process would."""
 
     fp8_recipe: Fp8Recipe = get_recipe("tilewise")
     fp8_backend: str = "auto"
 
     def forward(self, x: Tensor) -> Tensor:
+        if isinstance(self.weight, DTensor):
+            return self._sharded(x)
         return fp8_linear(x, self.weight, self.bias, self.fp8_recipe, self.fp8_backend)
+
+    def _sharded(self, x: Tensor) -> Tensor:
+        weight, mesh = self.weight, self.weight.device_mesh
+        [split] = weight.placements
+        if not isinstance(x, DTensor) or not isinstance(split, Shard) or mesh.ndim != 1:
+            raise NotImplementedError(
+                f"Fp8Linear: a 1-D column- or row-parallel weight and a DTensor input, got "
+                f"{weight.placements} and {type(x).__name__}"
+            )
+        if split.dim == 0:  # column-parallel: the input replicated, this rank's features out
+            # each rank's input gradient covers its own features only: a partial sum
+            local = x.to_local(grad_placements=[Partial()])
+            bias = self.bias.to_local() if self.bias is not None else None
+            y = fp8_linear(local, weight.to_local(), bias, self.fp8_recipe, self.fp8_backend)
+            return DTensor.from_local(y, mesh, [Shard(y.dim() - 1)], run_check=False)
+        y = fp8_linear(x.to_local(), weight.to_local(), None, self.fp8_recipe, self.fp8_backend)
+        partial = DTensor.from_local(y, mesh, [Partial()], run_check=False)
+        return partial if self.bias is None else partial + self.bias
 
     def extra_repr(self) -> str:
         return f"{super().extra_repr()}, fp8={self.fp8_recipe.name}"

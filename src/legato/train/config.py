@@ -170,7 +170,8 @@ class TrainSection:
     )
     fp8_all_gather: bool = _doc(
         False,
-        "with an FP8 dtype and FSDP2: all-gather FP8 weights as tile-scaled e4m3 (half of bf16)",
+        "with an FP8 dtype and FSDP2 (zero >= 2, pp = 1, tp = 1): all-gather FP8 weights as "
+        "tile-scaled e4m3 (half of bf16); elsewhere the weights are gathered in bf16",
     )
     device: Literal["auto", "cpu", "cuda"] = _doc("auto", "'auto' = cuda when available, else cpu")
     seed: int = _doc(0, "seed of the model init and of the data order")
