@@ -10,6 +10,7 @@ does not depend on the kernels.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -31,9 +32,15 @@ def _run(small_train_args, run: Path, *extra: str) -> tuple[Trainer, list[dict]]
     return trainer, records
 
 
-@pytest.mark.parametrize("strategy", ["", "recompute=full"])
-def test_compiled_blocks_train_as_eager(small_train_args, tmp_path: Path, strategy: str) -> None:
-    knobs = (f"--parallel.strategy={strategy}",) if strategy else ()
+@pytest.mark.parametrize(
+    ("preset", "strategy"), [("tiny", ""), ("tiny", "recompute=full"), ("tiny-moe", "")]
+)
+def test_compiled_blocks_train_as_eager(
+    small_train_args, tmp_path: Path, preset: str, strategy: str
+) -> None:
+    """Dense and MoE blocks (whose routed experts run eagerly inside the compiled block)."""
+    knobs = (f"--model.preset={preset}",)
+    knobs += (f"--parallel.strategy={strategy}",) if strategy else ()
     _, eager = _run(small_train_args, tmp_path / "eager", *knobs)
     compiled_args = ("--train.compile=true", "--train.compile_backend=aot_eager", *knobs)
     trainer, compiled = _run(small_train_args, tmp_path / "compiled", *compiled_args)
@@ -45,7 +52,19 @@ def test_compiled_blocks_train_as_eager(small_train_args, tmp_path: Path, strate
         assert got["grad_norm"] == pytest.approx(want["grad_norm"], rel=RTOL)
 
 
-def test_a_strategy_that_cannot_compile_is_one_line(small_train_args, tmp_path: Path) -> None:
-    args = small_train_args(tmp_path / "run", "--parallel.strategy=pp=2", "--train.compile=true")
-    with pytest.raises(ConfigError, match=r"^train.compile: cannot compile under pp=2 \(the pipe"):
-        load_config(None, args).job(resolve_model(load_config(None, args).model), 2)
+@pytest.mark.parametrize(
+    ("strategy", "message"),
+    [("pp=2", "pp=2 (the pipeline runner"), ("tp=2", "tp=2 with sp=0 (dynamo's graph")],
+)
+def test_a_strategy_that_cannot_compile_is_one_line(
+    small_train_args, tmp_path: Path, strategy: str, message: str
+) -> None:
+    args = small_train_args(
+        tmp_path / "run", f"--parallel.strategy={strategy}", "--train.compile=true",
+        "--model.overrides={num_layers = 2, hidden_size = 64, num_heads = 2, num_kv_heads = 2}",
+    )  # fmt: skip
+    config = load_config(None, args)
+    with pytest.raises(
+        ConfigError, match=rf"^train.compile: cannot compile under {re.escape(message)}"
+    ):
+        config.job(resolve_model(config.model), 2)

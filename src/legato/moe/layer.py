@@ -18,6 +18,11 @@ from legato.moe.experts import Activation, GroupedExperts
 from legato.moe.router import Router, load_balance_loss, router_z_loss
 from legato.specs.model import MoESpec
 
+# The grouped GEMMs and the all-to-alls are sized by the routed counts, shapes a compiled
+# graph cannot trace (dynamo's fake tensors fail on them, torch 2.13): the routed experts
+# run eagerly between the compiled parts of a block (``train.compile``), a graph break.
+_routed_experts = torch.compiler.disable(routed_experts)
+
 
 class MoELayer(nn.Module):
     """Top-k mixture of experts over ``hidden``-wide tokens, described by ``moe``.
@@ -62,7 +67,7 @@ class MoELayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         routing = self.gate(tokens)
-        out = routed_experts(tokens, routing, self.experts, self.ep, self.overlap)
+        out = _routed_experts(tokens, routing, self.experts, self.ep, self.overlap)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.last_expert_counts = routing.counts.detach()

@@ -9,15 +9,17 @@ whose ``OptimizedModule`` renames every parameter (``_orig_mod.``) and so every
 checkpoint key. It runs after ``parallelize``: the compiled code is the laid-out block's
 (tensor-parallel DTensor weights, FP8 linears, the recompute checkpoint around it).
 
-Checked equal to eager (``tests/train/test_train_compile.py`` and by hand with
-``aot_eager``): dp at every ZeRO level, recompute, swap, the chunked loss, fp32, bf16 and
-FP8. ``REFUSED``: the strategy keys under which a compiled block does not run or is not
-known to, each with its reason; ``check_compile`` turns them into one line before any
-process starts.
+Checked equal to eager (``tests/train/test_train_compile.py``, ``aot_eager``): dp at
+every ZeRO level, recompute, swap, the chunked loss, fp32, bf16 and FP8; on 2 processes
+tp with sp, cp and ep (the routed experts run eagerly inside the compiled block:
+``moe.layer``). ``REFUSED``: the strategies under which a compiled block does not run,
+each with its reason; ``check_compile`` turns them into one line before any process
+starts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from legato.errors import ConfigError
@@ -27,24 +29,23 @@ if TYPE_CHECKING:
     from torch import nn
 
 FIELD = "train.compile"
-# strategy key -> why a compiled block does not run under it (a degree > 1 refuses)
-REFUSED: dict[str, str] = {
-    "tp": "dynamo fails on the tensor-parallel blocks' DTensor hooks (torch 2.13: "
-    "'Tensor' object has no attribute '_local_tensor')",
-    "pp": "the pipeline runner changes each unit's linear layers (deferred weight "
-    "gradients) and attention (slices) through Python state a compiled graph would freeze",
-    "cp": "context-parallel attention is chosen through a context variable a compiled "
-    "graph would freeze; not yet checked against eager",
-    "ep": "the expert dispatch sizes its all-to-alls from routed counts (data-dependent "
-    "shapes); not yet checked against eager",
-}
+# (the keys of a strategy a compiled block does not run under, '' when it does; why)
+REFUSED: tuple[tuple[Callable[[Strategy], str], str], ...] = (
+    (lambda s: f"tp={s.tp} with sp=0" if s.tp > 1 and not s.sp else "",
+     "dynamo's graph returns a plain tensor where the backward of the tensor-parallel "
+     "blocks' replicated-input redistribution wants a DTensor (torch 2.13: 'Tensor' object "
+     "has no attribute '_local_tensor'); tp with sp=1 compiles"),
+    (lambda s: f"pp={s.pp}" if s.pp > 1 else "",
+     "the pipeline runner changes each unit's linear layers (deferred weight gradients) "
+     "and attention (slices) through Python state a compiled graph would freeze"),
+)  # fmt: skip
 
 
 def refusal(strategy: Strategy) -> str:
     """Why ``strategy`` cannot run compiled blocks ('' when it can)."""
-    for key, why in REFUSED.items():
-        if getattr(strategy, key) > 1:
-            return f"{key}={getattr(strategy, key)} ({why})"
+    for keys, why in REFUSED:
+        if keys(strategy):
+            return f"{keys(strategy)} ({why})"
     return ""
 
 
