@@ -23,7 +23,6 @@ FSDP and DDP *average* over replicas. The experts' gradient is therefore scaled 
 
 from __future__ import annotations
 
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Shard
@@ -33,6 +32,7 @@ from legato.moe.chunked_overlap import Overlap
 from legato.moe.comm import EPGroup
 from legato.moe.experts import GroupedExperts
 from legato.moe.layer import MoELayer, moe_layers
+from legato.parallel.gradient_reduction import GradientReduction
 from legato.parallel.mesh import submesh
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -61,12 +61,12 @@ def apply_expert(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> set[
 
 def expert_gradient_groups(
     model: nn.Module, strategy: Strategy, mesh: DeviceMesh
-) -> list[tuple[list[nn.Parameter], dist.ProcessGroup]]:
-    """(the expert parameters, the ``edp`` group) whose gradients the holders of the same
-    experts sum after the backward; none when each expert has one holder."""
+) -> list[GradientReduction]:
+    """The experts' gradients summed by the ``edp`` ranks that hold the same experts after
+    the backward; none when each expert has one holder."""
     if strategy.ep == 1 or strategy.expert_dp == 1:
         return []
-    return [(expert_parameters(model), submesh(mesh, "edp").get_group())]
+    return [GradientReduction(expert_parameters(model), submesh(mesh, "edp").get_group())]
 
 
 def apply_expert_parallel(

@@ -235,21 +235,6 @@ def _check_runtime(
             f"the first and the last stage, which would shard the embedding twice); use "
             f"zero=0 or a schedule without a V placement"
         )
-    if s.ep > 1 and s.zero == 0 and data_parallel:
-        raise StrategyError(
-            f"{where}: ep > 1 needs zero >= 1 (FSDP2 leaves the experts to EP; the all-reduce "
-            f"of zero=0 would sum the experts' shards), got zero=0"
-        )
-    if s.loss_chunk and data_parallel and s.zero == 0 and s.pp == 1:
-        raise StrategyError(
-            f"{where}: loss_chunk > 0 with dp*cp > 1 needs zero >= 1 (DDP's forward does "
-            f"not see the model's hidden_states), got zero=0"
-        )
-    if s.tp > 1 and data_parallel and s.zero == 0 and s.pp == 1:
-        raise StrategyError(
-            f"{where}: tp > 1 with dp*cp > 1 needs zero >= 1 (FSDP2 over the tensor-"
-            f"parallel DTensors), got zero=0"
-        )
 
 
 def check_sequence_parallel(

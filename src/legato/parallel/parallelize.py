@@ -25,11 +25,9 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, register_fsdp_forward_method
-from torch.distributed.tensor import DTensor
 from torch.distributed.tensor.parallel import loss_parallel
 
 from legato.memory import ActivationSwap
@@ -37,8 +35,9 @@ from legato.parallel.context import ContextParallel, apply_context_parallel
 from legato.parallel.expert import apply_expert, expert_gradient_groups
 from legato.parallel.fp8 import apply_fp8, compute_dtype
 from legato.parallel.fsdp import apply_data_parallel, unwrap
+from legato.parallel.gradient_reduction import GradientReduction
 from legato.parallel.job import Job
-from legato.parallel.mesh import submesh
+from legato.parallel.mesh import GRADIENT_DIM, submesh
 from legato.parallel.recompute import apply_recompute
 from legato.parallel.swap import apply_swap
 from legato.parallel.tensor import apply_tensor
@@ -55,17 +54,15 @@ class Parallelized:
     ``contexts``: entered, in order, around each micro-batch's forward and backward
     (autocast where no applier casts the parameters, the vocabulary-parallel loss, ...).
     ``context``: the sequence split a step applies to each micro-batch (cp > 1).
-    ``swap`` is held so its hooks live as long as the module. ``summed``: parameters whose
-    gradient each rank of a group takes from its own tokens only, with that group, for
-    ``finish_gradients``: routers over tp when ep folds over it
-    (``tensor_families.tp_partial_parameters``), experts over their ``edp`` holders.
+    ``swap`` is held so its hooks live as long as the module. ``reductions``: what the
+    step reduces itself after the backward (``parallel.gradient_reduction``).
     """
 
     module: nn.Module
     contexts: list[ContextFactory] = field(default_factory=list)
     context: ContextParallel | None = None
     swap: ActivationSwap | None = None
-    summed: list[tuple[list[nn.Parameter], dist.ProcessGroup]] = field(default_factory=list)
+    reductions: list[GradientReduction] = field(default_factory=list)
 
     @contextlib.contextmanager
     def step_context(self) -> Iterator[None]:
@@ -74,17 +71,12 @@ class Parallelized:
                 stack.enter_context(factory())
             yield
 
-    @torch.no_grad()
     def finish_gradients(self) -> None:
         """After a step's backward (and FSDP2's reduce-scatter, which leaves each rank the
-        same shard index as its tp and edp peers): sum the ``summed`` gradients over their
-        groups, every rank of a group in the same order."""
-        for params, group in self.summed:
-            for param in params:
-                grad = param.grad
-                if grad is not None:
-                    dist.all_reduce(grad.to_local() if isinstance(grad, DTensor) else grad,
-                                    group=group)  # fmt: skip
+        same shard index as its tp and edp peers): run the ``reductions``, in the same
+        order on every rank."""
+        for reduction in self.reductions:
+            reduction.run()
 
 
 def parallelize(
@@ -107,10 +99,16 @@ def parallelize(
     low = compute_dtype(job.dtype)
     module = model
     # a pipeline stage without ZeRO is not wrapped in DDP: its runner takes gradients with
-    # autograd.grad, which DDP's hooks do not see; PipelineStep sums them itself
-    if job.gradient_ranks > 1 and (s.zero or s.pp == 1):
+    # autograd.grad, which DDP's hooks do not see; PipelineStep sums them itself. Nor is a
+    # layout DDP cannot hold: the step averages its gradients after the backward.
+    without_ddp = s.zero == 0 and (s.pp > 1 or s.tp > 1 or s.ep > 1 or s.loss_chunk > 0)
+    if job.gradient_ranks > 1 and not without_ddp:
         module = apply_data_parallel(model, s, mesh, param_dtype=low, ignored_params=ignored)
     out = Parallelized(module, context=context)
+    if job.gradient_ranks > 1 and without_ddp and s.pp == 1:
+        shared = [p for p in model.parameters() if p not in (ignored or set())]
+        group = submesh(mesh, GRADIENT_DIM).get_group()
+        out.reductions.append(GradientReduction(shared, group, divisor=job.gradient_ranks))
     if s.tp > 1 and s.tp_y == 1:  # the logits stay split on the vocabulary
         out.contexts.append(loss_parallel)
     if context is not None:
@@ -126,6 +124,7 @@ def parallelize(
     if s.swap:
         out.swap = apply_swap(unwrap(module))
     if s.folded_ep:
-        out.summed.append((tp_partial_parameters(unwrap(module)), submesh(mesh, "tp").get_group()))
-    out.summed += expert_gradient_groups(model, s, mesh) if s.ep > 1 else []
+        routers = tp_partial_parameters(unwrap(module))
+        out.reductions.append(GradientReduction(routers, submesh(mesh, "tp").get_group()))
+    out.reductions += expert_gradient_groups(model, s, mesh) if s.ep > 1 else []
     return out

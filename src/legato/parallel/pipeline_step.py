@@ -9,12 +9,13 @@ step, for this rank's data-parallel replica (``gbs / dp`` rows, cut by the runne
 ``m = gbs / (mbs * dp)`` micro-batches; under cp each rank runs its zigzag share of every
 row, at its true positions):
 
-* each token's loss is scaled so the units of all ranks sum to the global mean loss:
-  1 / (label tokens in the *global* batch), times ``dp * cp`` under FSDP2, which averages;
-* gradients over ``"dp_cp"``: with ``zero=0`` summed by one flat all-reduce after the
+* each token's loss is scaled by ``dp * cp / (label tokens in the *global* batch)``, so
+  the mean of the replicas' gradients is the global batch's (FSDP2's and expert
+  parallelism's convention);
+* gradients over ``"dp_cp"``: with ``zero=0`` averaged by one flat all-reduce after the
   step (DDP's hooks never fire: the runner takes gradients with ``torch.autograd.grad``
-  and its own deferred weight-gradient GEMMs; a tensor-parallel gradient is summed shard
-  by shard); with ``zero=1/2`` each stage is FSDP2-sharded, its parameters are gathered
+  and its own deferred weight-gradient GEMMs; a tensor-parallel gradient is reduced shard
+  by shard; experts, reduced by EP, are left out); with ``zero=1/2`` each stage is FSDP2-sharded, its parameters are gathered
   once at the start of the step and kept whole to its end, and its gradients are
   reduce-scattered once after the last micro-batch (``fsdp.reduce_after_pipeline``), then
   the parameters are resharded. The optimizer states (and, between steps, parameters and
@@ -36,18 +37,19 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor
 
 from legato.models.transformer import Transformer
+from legato.parallel.expert import expert_parameters
 from legato.parallel.fsdp import reduce_after_pipeline
 from legato.parallel.grad_norm import clip_to_norm, squared_grad_norm
+from legato.parallel.gradient_reduction import GradientReduction
 from legato.parallel.job import Job, pipeline_schedule
 from legato.parallel.loss import eval_sums, first_tensor_rank
 from legato.parallel.mesh import GRADIENT_DIM, submesh
 from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.pipeline.forward_only import forward_loss
-from legato.parallel.process_group import DistContext, all_reduce_flat
+from legato.parallel.process_group import DistContext
 
 
 class PipelineStep:
@@ -73,10 +75,8 @@ class PipelineStep:
         # FSDP2 shards each stage in place: the stages (and the model) keep their modules
         self.laid_out = [parallelize(stage, job, mesh) for stage in self.stages.values()]
         self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)
-        # the load-balance loss averaged over every unit (micro-batch x slice) and, where
-        # the gradients are summed rather than averaged, over the dp x cp ranks
+        # the load-balance loss averaged over every unit (micro-batch x slice)
         units = self.schedule.microbatches * self.schedule.slices
-        units *= 1 if self.sharded else job.gradient_ranks
         self.runner = PipelineRunner(
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
             sequence_shards=strategy.tp if strategy.sp else 1, loss_chunk=strategy.loss_chunk,
@@ -123,7 +123,7 @@ class PipelineStep:
         context = self.laid_out[0].context
         if context is not None:  # this rank's zigzag share of each sequence
             inputs, labels, positions = context.shard(inputs, labels)
-        averaged = self.job.gradient_ranks if self.sharded else 1  # FSDP2 averages, we sum
+        averaged = self.job.gradient_ranks  # FSDP2 (or _sum_gradients) averages
         scale = averaged / max(int(count), 1)
         with reduce_after_pipeline(self.stages.values()), self.laid_out[0].step_context():
             self._gather()
@@ -175,15 +175,12 @@ class PipelineStep:
                 module.reshard()
 
     def _sum_gradients(self) -> None:
-        """Sum this rank's gradients over its dp x cp group in one all-reduce."""
-        if self.gradient_group is None:
-            return
-        for p in self.params:
-            if p.grad is None:  # every replica must send the same layout
-                p.grad = torch.zeros_like(p)
-        # a tensor-parallel gradient is summed shard by shard (dp pairs equal tp ranks)
-        grads = [p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad for p in self.params]
-        all_reduce_flat(grads, self.gradient_group).wait()
+        """Average this rank's gradients over its dp x cp group in one all-reduce (the
+        experts, reduced by expert parallelism, left out)."""
+        if self.gradient_group is not None:
+            experts = {id(p) for stage in self.stages.values() for p in expert_parameters(stage)}
+            shared = [p for p in self.params if id(p) not in experts]
+            GradientReduction(shared, self.gradient_group, self.job.gradient_ranks).run()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""
