@@ -38,8 +38,7 @@ def examples(moe: bool) -> list[str]:
     return [
         text
         for row in PRICED_KEYS
-        if not row.refused and (moe or not row.needs_moe)
-        and row.key != "dtype"
+        if (moe or not row.needs_moe) and row.key != "dtype"
         for text in row.examples
         if Strategy.parse(text).tp_y == 1
     ]  # fmt: skip

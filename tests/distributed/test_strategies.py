@@ -119,6 +119,8 @@ ROWS |= {
     # tp of MLA and the shared expert on the gathered tokens (the folded-EP row's
     # coverage row shares tp=2,sp=1 with the experts; this one replicates them over tp)
     "deepseek tp=2 sp": ("deepseek", 2, "tp=2,sp=1"),
+    # every expert's FFN split over tp, the layer's partial sum all-reduced (no sp)
+    "moe tp=2 etp=2": ("moe", 2, "tp=2,etp=2"),
     "tp=2 x dp=2": ("dense", 4, "tp=2,dp=2,zero=3"),
     # ZeRO-0 where DDP cannot wrap: the step averages the gradients after the backward
     "tp=2 x dp=2 zero=0": ("dense", 4, "tp=2,dp=2,zero=0"),
@@ -139,6 +141,9 @@ ROWS |= {
     "moe tp=2 x dp=2 ep=4 folded": ("moe", 4, "tp=2,dp=2,ep=4,sp=1,zero=1"),
     # each expert on 2 of the 4 data-parallel ranks, its gradient summed over the two
     "moe dp=4 ep=2": ("moe", 4, "dp=4,ep=2,zero=2"),
+    # experts on the 2-D (ep, etp) mesh: rows over the dp ranks, FFN width over tp
+    "moe tp=2 x dp=2 ep=2 etp=2": ("moe", 4, "tp=2,dp=2,ep=2,etp=2,zero=1"),
+    "deepseek tp=2 x dp=2 ep=2 etp=2 sp": ("deepseek", 4, "tp=2,dp=2,ep=2,etp=2,sp=1,zero=3"),
     "deepseek pp=2 x tp=2 ep=2 folded": ("deepseek", 4, "pp=2,tp=2,ep=2,sp=1"),
     "gpt pp=2 x tp=2 sp": ("gpt", 4, "pp=2,tp=2,sp=1"),
     "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),

@@ -87,7 +87,6 @@ def test_schedule_follows_the_strategy(text: str, name: str, chunks: int, slices
 
 
 CONFIG_ERRORS = [
-    ("etp=2", "parallel.strategy: etp=2: expert tensor parallelism (each expert's GEMMs"),
     ("schedule=svpp", "parallel.strategy: schedule need pp > 1"),
     ("pp=x", "parallel.strategy: strategy.pp must be an integer"),
     ("pp=2,schedule=fast", "parallel.strategy: strategy.schedule must be one of"),
@@ -144,6 +143,26 @@ def test_expert_parallel_pipeline_defaults_to_fsdp2_in_the_stages() -> None:
     assert flat.job(moe, 4).strategy.zero == 0  # averaged by the step, experts left to EP
 
 
+@pytest.mark.parametrize(
+    ("text", "world", "overrides", "message"),
+    [
+        ("tp=4,etp=2", 4, {}, "etp=2 must equal tp=4"),
+        ("tp=2,etp=2", 2, {"bias": True}, "etp=2 runs experts without biases"),
+        ("tp=2,etp=2", 2, {"expert_ffn_hidden_size": 15}, "must divide the experts' FFN width"),
+    ],
+)
+def test_expert_tensor_parallelism_refuses_what_it_cannot_split(
+    text: str, world: int, overrides: dict, message: str
+) -> None:
+    moe = replace(SPEC, num_heads=4, num_kv_heads=4, moe=MoESpec(
+        num_experts=4, top_k=2, expert_ffn_hidden_size=overrides.pop("expert_ffn_hidden_size", 16)
+    ), **overrides)  # fmt: skip
+    config = load_config(None, [f"--parallel.strategy={text}", "--train.global_batch_size=8",
+                                "--train.micro_batch_size=2"])  # fmt: skip
+    with pytest.raises(StrategyError, match=message):
+        config.job(moe, world)
+
+
 def test_zero_in_a_pipeline_refuses_two_copies_of_a_tied_embedding_on_one_rank() -> None:
     tied = replace(SPEC, tied_embeddings=True)
     batch = ["--train.global_batch_size=8", "--train.micro_batch_size=2"]
@@ -196,7 +215,7 @@ def test_interleaved_needs_whole_rounds_of_micro_batches() -> None:
     ("strategy", "message"),
     [
         ("pp=3", "must equal the device count 2"),
-        ("etp=2", "etp=2: expert tensor parallelism (each expert's GEMMs split over tp)"),
+        ("pp=2,schedule=zb-h1,recompute=full", "recompute=full with zb-h1 is not executed"),
         ("pp=2,schedule=svpp,slices=2,memory_cap=1", "below the dependency floor"),
     ],
 )

@@ -118,3 +118,23 @@ def exchange_counts(counts: Tensor, group) -> Tensor:
     recv = torch.empty_like(send)
     dist.all_to_all_single(recv, send, group=group)
     return recv.transpose(0, 1)
+
+
+class _SumGradient(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: Tensor, group) -> Tensor:
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+def sum_gradient(x: Tensor, group) -> Tensor:
+    """``x`` unchanged; its gradient summed over ``group`` in the backward (Megatron's
+    ``copy_to_tensor_model_parallel_region``): for a tensor every rank of ``group`` holds
+    alike whose uses on each rank see only that rank's share of the work."""
+    return _SumGradient.apply(x, group)

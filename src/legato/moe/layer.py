@@ -9,11 +9,14 @@ default; :func:`legato.parallel.expert.apply_expert_parallel` sets ``ep`` and ``
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 
 from legato.moe.chunked_overlap import Overlap, routed_experts
-from legato.moe.comm import EPGroup
+from legato.moe.comm import EPGroup, sum_gradient
 from legato.moe.experts import Activation, GroupedExperts
 from legato.moe.router import Router, load_balance_loss, router_z_loss
 from legato.specs.model import MoESpec
@@ -26,6 +29,10 @@ _routed_experts = torch.compiler.disable(routed_experts)
 
 class MoELayer(nn.Module):
     """Top-k mixture of experts over ``hidden``-wide tokens, described by ``moe``.
+
+    Under expert tensor parallelism (``expert_tp`` set) the output is this rank's partial
+    sum (its slice of every expert's FFN, and of the shared experts' when they are
+    row-parallel), which the tensor-parallel plan reduces after the layer.
 
     After each forward: ``last_expert_counts`` [E] (this rank's routed slots per expert,
     detached), ``last_aux_loss`` (load-balance loss) and ``last_z_loss`` (router z-loss),
@@ -56,6 +63,9 @@ class MoELayer(nn.Module):
         )
         self.shared_experts = shared_experts
         self.ep: EPGroup | None = None
+        # expert tensor parallelism: the tp group over which every expert's FFN width is
+        # split; the layer then returns this rank's partial sum (see forward)
+        self.expert_tp: dist.ProcessGroup | None = None
         # ranks that split one replica's tokens between them, each routing its own
         # (sequence-parallel ranks when ep folds over tp): see moe_aux_loss
         self.token_shards = 1
@@ -67,7 +77,13 @@ class MoELayer(nn.Module):
     def forward(self, x: Tensor) -> Tensor:
         tokens = x.reshape(-1, x.shape[-1])
         routing = self.gate(tokens)
-        out = _routed_experts(tokens, routing, self.experts, self.ep, self.overlap)
+        routed_in = tokens
+        if self.expert_tp is not None:  # each tp rank runs a slice of every expert's FFN
+            # the same tokens and routing on every rank, each of whose gradient here is
+            # this rank's slice's share: summed over tp in the backward
+            routed_in = sum_gradient(tokens, self.expert_tp)
+            routing = replace(routing, weights=sum_gradient(routing.weights, self.expert_tp))
+        out = _routed_experts(routed_in, routing, self.experts, self.ep, self.overlap)
         if self.shared_experts is not None:
             out = out + self.shared_experts(tokens)
         self.last_expert_counts = routing.counts.detach()

@@ -50,13 +50,19 @@ def overlap_of(strategy: Strategy) -> Overlap:
 
 
 def apply_expert(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> set[nn.Parameter]:
-    """The EP applier: experts sharded over the run mesh's ``ep`` dimension; returns the
-    expert parameters the data-parallel applier must leave alone."""
-    shards = strategy.tp if strategy.folded_ep else 1
-    replicas = strategy.dp * strategy.cp
-    apply_expert_parallel(model, submesh(mesh, "ep"), overlap_of(strategy),
-                          token_shards=shards, replicas=replicas)  # fmt: skip
-    return set(expert_parameters(model))
+    """The EP applier: experts sharded over the run mesh's ``ep`` dimension and, with expert
+    tensor parallelism (``etp = tp``), each expert's FFN width over ``tp``; returns the
+    parameters the data-parallel applier must leave alone (the experts, under ep)."""
+    if strategy.ep > 1:
+        shards = strategy.tp if strategy.folded_ep else 1
+        replicas = strategy.dp * strategy.cp
+        apply_expert_parallel(model, submesh(mesh, "ep"), overlap_of(strategy),
+                              token_shards=shards, replicas=replicas)  # fmt: skip
+    if strategy.etp > 1:
+        both = submesh(mesh, "ep_etp") if strategy.ep > 1 else None
+        split_expert_ffn(model, submesh(mesh, "tp"), both)
+    # experts only split over tp are tensor-parallel DTensors FSDP2 shards like the others
+    return set(expert_parameters(model)) if strategy.ep > 1 else set()
 
 
 def expert_gradient_groups(
@@ -111,3 +117,32 @@ def _shard(experts: GroupedExperts, mesh: DeviceMesh, ep: EPGroup) -> None:
         local = param.detach().chunk(ep.size)[ep.rank].clone()
         sharded = DTensor.from_local(local, mesh, [Shard(0)], run_check=False)
         setattr(experts, name, nn.Parameter(sharded, requires_grad=param.requires_grad))
+
+
+# the FFN dimension of each stacked expert parameter ([E, ffn, h], [E, h, ffn], [E, ffn])
+_FFN_DIM = {"gate_proj": 1, "up_proj": 1, "down_proj": 2, "gate_proj_bias": 1, "up_proj_bias": 1}
+
+
+def split_expert_ffn(model: nn.Module, tp_mesh: DeviceMesh, ep_tp_mesh: DeviceMesh | None) -> None:
+    """Expert tensor parallelism (Megatron's ``expert_tensor_parallel_size = tp``): each
+    tp rank keeps a slice of every expert's FFN width (gate/up column-parallel, down
+    row-parallel), of the experts it holds (``ep_tp_mesh``: the 2-D ``(ep, etp)`` mesh
+    when the experts are also sharded by ``ep``). The layer then returns a partial sum the
+    tensor-parallel plan reduces (``tensor_families``). The down projection's bias would
+    be added once per rank; ``parallel.job`` refuses etp for experts with biases."""
+    size, rank = tp_mesh.size(), tp_mesh.get_local_rank()
+    for layer in moe_layers(model):
+        experts = layer.experts
+        for name, param in list(experts.named_parameters(recurse=False)):
+            dim = _FFN_DIM[name]
+            sharded = isinstance(param, DTensor)
+            local = param.to_local() if sharded else param
+            piece = local.detach().chunk(size, dim)[rank].clone()
+            mesh, placements = (
+                (ep_tp_mesh, [*param.placements, Shard(dim)])
+                if sharded
+                else (tp_mesh, [Shard(dim)])
+            )
+            split = DTensor.from_local(piece, mesh, placements, run_check=False)
+            setattr(experts, name, nn.Parameter(split, requires_grad=param.requires_grad))
+        layer.expert_tp = tp_mesh.get_group()

@@ -14,11 +14,13 @@ resharded after forward); ``tp`` (Megatron column/row through ``parallelize_modu
 vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings through
 ``tensor_families``) with ``sp``; ``cp`` (attention over a load-balanced sequence split);
 ``ep`` (experts sharded over
-the ``dp x cp`` ranks, or folded over tp and dp: over every rank of a stage); ``recompute`` (selective or full);
-``swap`` and ``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages
-laid out by the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op);
-``dtype``, ``mbs``, ``gbs``. What is refused: the values the table marks (``etp``), and the combinations of ``_check_runtime`` and ``check_tensor_parallel``,
-each with its reason (docs/training.md lists them). The keys ``mbs``, ``gbs`` and
+the ``dp x cp`` ranks, or folded over tp and dp: over every rank of a stage) with ``etp``
+(each expert's FFN width split over tp); ``recompute`` (selective or full); ``swap`` and
+``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages laid out by
+the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op); ``dtype``
+(fp16 with dynamic loss scaling), ``mbs``, ``gbs``. What is refused: the combinations of
+``_check_runtime`` and ``check_tensor_parallel``, each with its reason (docs/training.md
+lists them). The keys ``mbs``, ``gbs`` and
 ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
@@ -45,7 +47,6 @@ from legato.errors import ConfigError
 from legato.schedule import Schedule, ScheduleError, build_schedule, token_bounds
 from legato.specs.dtypes import DTYPE_KINDS
 from legato.specs.model import ModelSpec
-from legato.specs.priced_keys import KEYS, refused_reason
 from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -68,18 +69,13 @@ def given_keys(text: str) -> list[str]:
 
 
 def parse_strategy(text: str) -> Strategy:
-    """``parallel.strategy`` as a Strategy: a ConfigError for its syntax, a key the
-    runtime does not execute, or pipeline options without a pipeline."""
+    """``parallel.strategy`` as a Strategy: a ConfigError for its syntax or pipeline
+    options without a pipeline."""
     try:
         strategy = Strategy.parse(text)
     except StrategyError as exc:
         raise ConfigError(f"{FIELD}: {exc}") from None
     default = Strategy()
-    for key in KEYS:  # the priced keys' table says which values the runtime refuses
-        value = getattr(strategy, key)
-        why = refused_reason(key, value, getattr(default, key))
-        if why:
-            raise ConfigError(f"{FIELD}: {key}={value}: {why}")
     keys = given_keys(text)
     pipeline_options = [
         k
@@ -229,12 +225,30 @@ def _check_runtime(
             f"({', '.join(k for k, v in SCHEDULE_KINDS.items() if not v.split_backward)})"
         )
     data_parallel = s.dp * s.cp > 1
+    if s.etp > 1:
+        check_expert_tensor_parallel(spec, s, where)
     if s.pp > 1 and data_parallel and s.zero and spec.tied_embeddings and _folded(schedule()):
         raise StrategyError(
             f"{where}: zero={s.zero} with tied_embeddings under {s.schedule} (one rank holds "
             f"the first and the last stage, which would shard the embedding twice); use "
             f"zero=0 or a schedule without a V placement"
         )
+
+
+def check_expert_tensor_parallel(spec: ModelSpec, s: Strategy, where: str) -> None:
+    """etp splits every expert's FFN width over all the tp ranks: evenly, and without a
+    bias inside the row-parallel down projection (each rank would add it once)."""
+    ffn = spec.moe.expert_ffn_hidden_size if spec.moe else 0
+    problems = {
+        f"etp={s.etp} must equal tp={s.tp} (each expert's FFN split over all the "
+        f"tensor-parallel ranks, which share its tokens)": s.etp != s.tp,
+        f"etp={s.etp} must divide the experts' FFN width ({ffn})": ffn % s.etp != 0,
+        f"etp={s.etp} runs experts without biases (a row-parallel bias would be added "
+        f"once per rank); {spec.name} has bias = true": spec.bias,
+    }
+    why = [text for text, hit in problems.items() if hit]
+    if why:
+        raise StrategyError(f"{where}: {why[0]}")
 
 
 def check_sequence_parallel(

@@ -11,7 +11,8 @@ sequence-parallel MoE layers then see different tokens too); ``tp`` for a 2-D
 tensor-parallel layout. Expert parallelism cuts the ranks whose MoE layers see different
 tokens (``dp_cp`` or ``dp_cp_tp``) into ``edp x ep``, ep innermost as ``cost/mesh.py``
 prices it: ``ep`` shards the experts, ``edp`` holds the same experts and sums their
-gradients. Ask for any dimension with
+gradients; with expert tensor parallelism the experts live on the 2-D ``ep_etp`` mesh
+(their FFN width split over the tp ranks). Ask for any dimension with
 ``submesh(mesh, name)``: torch deprecates slicing a flattened dimension out of the root
 mesh, so the flattened meshes are kept from when they were made.
 """
@@ -56,7 +57,11 @@ def build_mesh(job: Job, device_type: str) -> DeviceMesh | None:
     s = job.strategy
     if s.folded_ep:  # 1-D tp (Strategy.check)
         flat[STAGE_DIM] = mesh["dp", "cp", "tp"]._flatten(STAGE_DIM)
-    if s.ep > 1:  # the token ranks, innermost first: ep groups, each expert on expert_dp
+    if s.ep > 1 and s.etp > 1:  # (ep, etp): each expert's rows on ep, its FFN width on tp
+        stage = mesh["dp", "cp", "tp"]._flatten(STAGE_DIM)
+        experts = stage._unflatten(0, (s.expert_dp, s.ep, s.tp), ("edp", "ep", "etp"))
+        flat |= {"ep": experts["ep"], "edp": experts["edp"], "ep_etp": experts["ep", "etp"]}
+    elif s.ep > 1:  # the token ranks, innermost first: ep groups, each expert on expert_dp
         experts = flat[expert_dim(s)]._unflatten(0, (s.expert_dp, s.ep), ("edp", "ep"))
         flat |= {"ep": experts["ep"], "edp": experts["edp"]}
     if "tp_x" in shape:

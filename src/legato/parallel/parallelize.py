@@ -94,7 +94,7 @@ def parallelize(
     elif s.tp > 1:
         apply_tensor(model, s, mesh)
     context = apply_context_parallel(model, s, mesh) if s.cp > 1 else None
-    ignored = apply_expert(model, s, mesh) if s.ep > 1 else None
+    ignored = apply_expert(model, s, mesh) if s.ep > 1 or s.etp > 1 else None
     apply_recompute(model, s)
     low = compute_dtype(job.dtype)
     module = model

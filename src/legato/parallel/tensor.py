@@ -63,7 +63,7 @@ def apply_tensor(model: nn.Module, strategy: Strategy, mesh: DeviceMesh) -> None
     dense = tensor_parallel_plan(block_layout(model.spec, strategy))
     replicated = tensor_parallel_plan(block_layout(model.spec, Strategy(tp=strategy.tp)))
     for block in model.blocks:
-        plan = family_plan(block, dense, replicated, strategy.sp, strategy.folded_ep)
+        plan = family_plan(block, dense, replicated, strategy)
         parallelize_module(block, tp_mesh, plan)
         finish_block(block, tp_mesh)
     stream = Shard(1) if strategy.sp else Replicate()  # the residual stream between blocks

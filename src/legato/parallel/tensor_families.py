@@ -10,7 +10,10 @@ reuse it where their modules play those roles and add only what their own module
   its output split onto the sequence again), so every tp rank computes the same routing
   and the same expert gradients and nothing needs reducing over tp; experts sharded by
   ``ep`` are sharded over the ``dp x cp`` ranks of each tp coordinate. Shared experts are
-  column/row parallel, the dense MLP's plan under another name.
+  column/row parallel, the dense MLP's plan under another name. With expert tensor
+  parallelism (``etp = tp``) each rank holds a slice of every expert's FFN width
+  (``expert.split_expert_ffn``): the layer's output, routed and shared experts alike, is
+  a partial sum, all-reduced after it (reduce-scattered onto the sequence under sp).
 * **MoE layers with ep folded over tp** (``ep = dp * cp * tp``, sp; Megatron-Core's
   parallel folding): each rank routes and dispatches its own sequence shard, so the layer
   takes and returns the local shard; the shared experts gather the tokens for their
@@ -36,10 +39,9 @@ reuse it where their modules play those roles and add only what their own module
 from __future__ import annotations
 
 import torch
-import torch.distributed as dist
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.tensor import Partial, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     ParallelStyle,
@@ -53,22 +55,24 @@ from torch.distributed.tensor.parallel import (
 
 from legato.models.mla import MLAttention
 from legato.models.moe import MoE
+from legato.moe.comm import sum_gradient
 from legato.moe.layer import moe_layers
+from legato.specs.strategy import Strategy
 
 Plan = dict[str, ParallelStyle]
 
 
-def family_plan(
-    block: nn.Module, dense: Plan, replicated_dense: Plan, sp: bool, folded_ep: bool = False
-) -> Plan:
-    """The plan of ``block`` from the dense plans of the same strategy (``dense``) and of
-    tp alone (``replicated_dense``, whose MLP takes and returns replicated tensors);
-    ``folded_ep``: expert parallelism spans the tp ranks (needs ``sp``)."""
+def family_plan(block: nn.Module, dense: Plan, replicated_dense: Plan, strategy: Strategy) -> Plan:
+    """The plan of ``block`` under ``strategy``'s 1-D tp from the dense plans of the same
+    strategy (``dense``) and of tp alone (``replicated_dense``, whose MLP takes and
+    returns replicated tensors)."""
     plan = dict(dense)
     if isinstance(block.mlp, MoE):
         plan = {k: v for k, v in plan.items() if not k.startswith("mlp")}
-        moe_plan = _folded_moe_plan if folded_ep else _moe_plan
-        plan.update(moe_plan(block.mlp, replicated_dense, sp))
+        if strategy.folded_ep:
+            plan.update(_folded_moe_plan(block.mlp, replicated_dense, strategy.sp))
+        else:
+            plan.update(_moe_plan(block.mlp, replicated_dense, strategy.sp, strategy.etp > 1))
     if isinstance(block.self_attn, MLAttention):
         plan = _mla_plan(block.self_attn, plan)
     elif block.self_attn.q_norm is not None:  # [b, S, heads, d]: the heads are dim 2
@@ -77,21 +81,27 @@ def family_plan(
     return plan
 
 
-def _moe_plan(moe: MoE, replicated_dense: Plan, sp: bool) -> Plan:
+def _moe_plan(moe: MoE, replicated_dense: Plan, sp: bool, etp: bool) -> Plan:
+    """Every token of the tp group through the layer (gathered under sp); its output whole
+    on every rank, or with expert tensor parallelism a partial sum reduced after it (then
+    cut onto this rank's tokens under sp)."""
     plan: Plan = {}
-    if sp:  # every token of the tp group through the layer, then this rank's tokens on
+    if sp or etp:
         plan["mlp"] = PrepareModuleInputOutput(
-            input_layouts=(Shard(1), None),
+            input_layouts=(Shard(1) if sp else Replicate(), None),
             desired_input_layouts=(Replicate(), None),
             use_local_input=True,
-            output_layouts=Replicate(),
-            desired_output_layouts=Shard(1),
-            use_local_output=False,
+            output_layouts=Partial() if etp else Replicate(),
+            desired_output_layouts=Shard(1) if sp else Replicate(),
+            use_local_output=not sp,
         )
     if moe.shared_experts is not None:
         for name, style in replicated_dense.items():
-            if name.startswith("mlp."):
-                plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
+            if not name.startswith("mlp."):
+                continue
+            if etp and isinstance(style, RowwiseParallel):  # added into the partial sum
+                style = RowwiseParallel(output_layouts=Partial(), use_local_output=True)
+            plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
     return plan
 
 
@@ -167,23 +177,7 @@ def finish_block(block: nn.Module, tp_mesh: DeviceMesh) -> None:
 
 def _sum_rotary_key_grad(out: Tensor, split: tuple[int, int], group) -> Tensor:
     latent, k_rot = out.split(split, dim=-1)
-    return torch.cat((latent, _SumGrad.apply(k_rot, group)), dim=-1)
-
-
-class _SumGrad(torch.autograd.Function):
-    """Identity forward; the backward sums the gradient over ``group`` (Megatron's
-    ``copy_to_tensor_model_parallel_region``)."""
-
-    @staticmethod
-    def forward(ctx, x: Tensor, group) -> Tensor:
-        ctx.group = group
-        return x.view_as(x)
-
-    @staticmethod
-    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
-        grad = grad.contiguous()
-        dist.all_reduce(grad, group=ctx.group)
-        return grad, None
+    return torch.cat((latent, sum_gradient(k_rot, group)), dim=-1)
 
 
 def apply_tied_head(norm: nn.Module, tp_mesh: DeviceMesh, stream: Shard | Replicate) -> None:

@@ -1,9 +1,7 @@
-"""The strategy keys the cost model prices, as data: what turns each on, and what of it
-``legato train`` refuses, with the reason.
+"""The strategy keys the cost model prices, as data: what turns each on.
 
 One table, in the lowest layer (no torch), read by every level that must agree on it: the
-runtime's checks (``parallel.job`` refuses a key value listed here with its reason, before
-any process starts), the tests (``tests/distributed/test_strategies.py`` trains
+tests (``tests/distributed/test_strategies.py`` trains
 every example on every model family it applies to and compares with one process;
 ``tests/parallel/test_priced_keys.py`` resolves every pair of examples), and a check that
 every field of ``Strategy`` has its row, so a key the planner learns to price is a key the
@@ -12,8 +10,8 @@ runtime and its tests see.
 ``examples``: strategy strings that turn the key on over 2 processes (4 for ``tp=2x2``),
 with no other key than those the example needs; values the runtime runs alike (zb-2p
 as zb-h1, 1f1b as gpipe) are left to one of them. ``needs_moe``: the key only means
-something on an MoE model. ``refused``: why ``legato train`` runs no value of the key
-but its default.
+something on an MoE model. ``legato train`` runs every value of every key; what it
+refuses are combinations (``parallel.job``), each with its reason.
 """
 
 from __future__ import annotations
@@ -26,7 +24,6 @@ class PricedKey:
     key: str
     examples: tuple[str, ...]
     needs_moe: bool = False
-    refused: str = ""
 
 
 PRICED_KEYS: tuple[PricedKey, ...] = (
@@ -49,13 +46,7 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("moe_overlap", ("ep=2,moe_overlap=domino,moe_chunks=2",), needs_moe=True),
     PricedKey("moe_chunks", ("ep=2,moe_overlap=comet,moe_chunks=2",), needs_moe=True),
     PricedKey("moe_groups", ("ep=2,moe_overlap=comet,moe_chunks=2,moe_groups=2",), needs_moe=True),
-    PricedKey(
-        "etp",
-        ("tp=2,etp=2",),
-        needs_moe=True,
-        refused="expert tensor parallelism (each expert's GEMMs split over tp) is not run: "
-        "under tp the experts are replicated over the tp ranks (etp=1) or sharded by ep",
-    ),
+    PricedKey("etp", ("tp=2,etp=2", "tp=2,sp=1,etp=2"), needs_moe=True),
     PricedKey("recompute", ("recompute=selective", "recompute=full")),
     PricedKey("swap", ("swap=1",)),
     PricedKey("loss_chunk", ("loss_chunk=32",)),
@@ -64,9 +55,3 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("gbs", ("gbs=8",)),
 )
 KEYS: dict[str, PricedKey] = {row.key: row for row in PRICED_KEYS}
-
-
-def refused_reason(key: str, value: object, default: object) -> str:
-    """Why ``legato train`` does not run ``key=value``; '' where it does."""
-    row = KEYS[key]
-    return row.refused if row.refused and value != default else ""
