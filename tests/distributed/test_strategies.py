@@ -148,6 +148,10 @@ ROWS |= {
     "gpt pp=2 x tp=2 sp": ("gpt", 4, "pp=2,tp=2,sp=1"),
     "pp=2 x tp=2 zb-h1": ("dense", 4, "pp=2,tp=2,schedule=zb-h1"),
     "pp=2 x cp=2 zero=1": ("dense", 4, "pp=2,cp=2,zero=1"),
+    # each sequence slice split over cp as a sequence of its own, its K/V gathered and
+    # cached whole for the later slices (the planner's favourite at GPU scale)
+    "pp=2 x cp=2 seq1f1b slices=2": ("dense", 4, "pp=2,cp=2,zero=1,schedule=seq1f1b,slices=2"),
+    "moe pp=2 x cp=2 svpp slices=2": ("moe", 4, "pp=2,cp=2,ep=2,schedule=svpp,slices=2"),
     "pp=2 x tp=2 sp svpp": ("dense", 4, "pp=2,tp=2,sp=1,schedule=svpp,slices=2"),
     "pp=2 x tp=2 sp x dp=2 zero=1": ("dense", 8, "pp=2,tp=2,sp=1,dp=2,zero=1"),
     "tp=2x2 sp": ("dense", 4, "tp=2x2,sp=1"),

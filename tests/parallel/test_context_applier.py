@@ -146,7 +146,12 @@ def test_cp2_with_dp2_gives_the_one_process_loss_and_gradients():
     assert_matches_one_process(ranks, ["tiny"], 2 * ROWS)
 
 
-def test_cp_refuses_sequence_slices():
-    model = build_model(spec_of("tiny"), device="meta")
-    with pytest.raises(StrategyError, match=r"strategy\.cp: cp=2 runs with slices=1 only"):
-        apply_context_parallel(model, Strategy(cp=2, slices=2), mesh=None)  # checked first
+def test_a_slice_is_split_over_cp_as_a_sequence_of_its_own():
+    """cp with slices: each rank's share of every slice (its zigzag chunks of it), the
+    slices in order, at their true positions."""
+    inputs = torch.arange(16).expand(2, -1)
+    shards = [shard_sequence(inputs, inputs, rank, 2, cuts=(0, 8, 16)) for rank in range(2)]
+    assert shards[0][0][0].tolist() == [0, 1, 6, 7, 8, 9, 14, 15]
+    assert shards[1][0][0].tolist() == [2, 3, 4, 5, 10, 11, 12, 13]
+    for ids, labels, positions in shards:
+        assert torch.equal(ids, positions) and torch.equal(labels, ids)

@@ -109,7 +109,12 @@ RESOLVE_ERRORS = [
     ("pp=2,vpp=2", 2, StrategyError, "vpp=2 needs schedule interleaved, zb-v or svpp"),
     ("pp=2,mbs=3", 2, StrategyError, "gbs (8) must be a multiple of mbs*dp (3*1 = 3)"),
     ("pp=2,schedule=zb-h1,recompute=full", 2, StrategyError, "recompute=full with zb-h1"),
-    ("pp=2,cp=2,schedule=seq1f1b,slices=2", 4, StrategyError, "runs with slices=1 only"),
+    (
+        "pp=2,cp=4,schedule=seq1f1b,slices=8",
+        8,
+        StrategyError,
+        "cuts every slice into 2*cp = 8 chunks, got slices of [4, 4, 4, 4, 4, 4, 4, 4] tokens",
+    ),
     ("tp=2x2,dtype=fp8", 4, StrategyError, "tp=4 is not executed for dtype=fp8 with 2-D tp"),
 ]
 

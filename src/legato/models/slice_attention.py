@@ -18,6 +18,11 @@ cache holds anyway); its backward recomputes the slice's attention (scores and s
 no linear layers) from them. Saving SDPA's concatenated K/V instead would store a copy
 of the prefix per slice, (k+1)/2 times the K/V of the whole micro-batch per layer.
 
+Under context parallelism (``context``: ``parallel.context.ContextParallel``) each rank
+holds its zigzag share of every slice: a slice's K/V are all-gathered over cp before they
+are cached (so later slices see the whole prefix and their dK/dV reach every rank through
+the gather's reduce-scatter), and the local queries attend with ``context.attend_prefix``.
+
 Usage for one slice (the pipeline runtime does exactly this per unit)::
 
     with attention_override(cache.attend_fn(j)):
@@ -32,7 +37,7 @@ Usage for one slice (the pipeline runtime does exactly this per unit)::
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor
@@ -44,6 +49,16 @@ from legato.models.attention import AttendFn, grouped_sdpa
 KV = tuple[Tensor, Tensor]
 
 
+class ContextAttention(Protocol):
+    """Attention over a sequence split across ranks (context parallelism)."""
+
+    def gather_kv(self, k: Tensor, v: Tensor) -> KV: ...
+
+    def attend_prefix(
+        self, q: Tensor, k: Tensor, v: Tensor, prefix: Sequence[Tensor]
+    ) -> Tensor: ...
+
+
 class PrefixKVCache:
     """K/V of the slices of one micro-batch on one model chunk, per layer.
 
@@ -52,8 +67,9 @@ class PrefixKVCache:
     storage, no copy) and the dK/dV later slices sent back.
     """
 
-    def __init__(self, slices: int) -> None:
+    def __init__(self, slices: int, context: ContextAttention | None = None) -> None:
         self.slices = slices
+        self.context = context
         self._outputs: dict[int, list[KV]] = {}  # slice -> per layer, in-graph
         self._leaves: dict[int, list[KV]] = {}  # slice -> per layer, detached
         self._grads: dict[int, list[list[Tensor | None]]] = {}  # slice -> layer -> [dk, dv]
@@ -78,12 +94,16 @@ class PrefixKVCache:
                     "run packed-document masks with slices = 1"
                 )
             layer = len(outputs)
+            if self.context is not None:  # the slice's whole K/V, gathered over cp
+                k, v = self.context.gather_kv(k, v)
             outputs.append((k, v))
             if keep:
                 self._leaves[seq_slice].append((_leaf(k), _leaf(v)))
+            prefix = [t for i in range(seq_slice) for t in self._leaves[i][layer]]
+            if self.context is not None:
+                return self.context.attend_prefix(q, k, v, prefix)
             if seq_slice == 0:
                 return grouped_sdpa(q, k, v, None, is_causal=True)
-            prefix = [t for i in range(seq_slice) for t in self._leaves[i][layer]]
             return _PrefixAttention.apply(q, k, v, *prefix)
 
         return attend

@@ -48,8 +48,9 @@ again).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextvars import ContextVar
+from itertools import pairwise
 from typing import Any
 
 import torch
@@ -61,7 +62,7 @@ from torch.nn.attention.bias import causal_lower_right
 from legato.errors import ConfigError
 from legato.models.attention import attention_override, grouped_sdpa
 from legato.models.transformer import Transformer
-from legato.parallel.job import check_context_parallel, check_context_slices
+from legato.parallel.job import check_context_parallel
 from legato.parallel.pipeline.stages import StageModule
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -84,12 +85,17 @@ def zigzag_positions(seq_len: int, cp_rank: int, cp: int, device: Any = None) ->
 
 
 def shard_sequence(
-    inputs: Tensor, labels: Tensor, cp_rank: int, cp: int
+    inputs: Tensor, labels: Tensor, cp_rank: int, cp: int, cuts: Sequence[int] | None = None
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Rank ``cp_rank``'s zigzag share of ``inputs`` and ``labels`` [B, S] (already shifted:
     label t is the target of input t, so both take the same tokens) and their true
-    ``position_ids`` [B, S / cp]."""
-    positions = zigzag_positions(inputs.shape[1], cp_rank, cp, inputs.device)
+    ``position_ids`` [B, S / cp]. ``cuts``: a slice-level schedule's token cut points; each
+    slice is then split as a sequence of its own, and this rank's share of slice j is the
+    j-th of ``len(cuts) - 1`` equal parts of its local tokens (as the runner cuts them)."""
+    cuts = cuts or (0, inputs.shape[1])
+    positions = torch.cat([
+        a + zigzag_positions(b - a, cp_rank, cp, inputs.device) for a, b in pairwise(cuts)
+    ])  # fmt: skip
     batch = positions.expand(inputs.shape[0], -1)
     return inputs[:, positions], labels[:, positions], batch
 
@@ -102,9 +108,12 @@ class ContextParallel:
         self.rank = mesh.get_local_rank()
         self._group_name = mesh.get_group().group_name
 
-    def shard(self, inputs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """This rank's tokens of full sequences: ``shard_sequence`` for this rank."""
-        return shard_sequence(inputs, labels, self.rank, self.size)
+    def shard(
+        self, inputs: Tensor, labels: Tensor, cuts: Sequence[int] | None = None
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """This rank's tokens of full sequences (or of each slice between ``cuts``):
+        ``shard_sequence`` for this rank."""
+        return shard_sequence(inputs, labels, self.rank, self.size, cuts)
 
     def position_ids(self, local_len: int, batch: int, device: Any = None) -> Tensor:
         """True positions [batch, local_len] of this rank's ``local_len`` tokens."""
@@ -129,12 +138,27 @@ class ContextParallel:
                 "attn_mask: context parallelism (strategy.cp > 1) runs plain causal "
                 "attention only; train packed-document masks with cp=1"
             )
+        return self.attend_prefix(q, *self.gather_kv(k, v), ())
+
+    def gather_kv(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
+        """The local K/V all-gathered over cp, in sequence order (the backward
+        reduce-scatters dK/dV): the keys of the whole sequence, or of the whole slice."""
         keys, values = flex_cp_allgather(k, v, SEQ_DIM, self._group_name)
-        keys, values = _in_sequence_order(keys, self.size), _in_sequence_order(values, self.size)
+        return _in_sequence_order(keys, self.size), _in_sequence_order(values, self.size)
+
+    def attend_prefix(
+        self, q: Tensor, keys: Tensor, values: Tensor, prefix: Sequence[Tensor]
+    ) -> Tensor:
+        """Causal attention of the local queries (this rank's two zigzag chunks of a
+        sequence, or of one slice of it) to ``prefix`` (K0, V0, K1, V1, ... of the earlier
+        slices, whole) and the gathered ``keys``/``values`` of their own span."""
+        before = sum(t.shape[SEQ_DIM] for t in prefix[0::2])
+        keys = torch.cat([*prefix[0::2], keys], dim=SEQ_DIM)
+        values = torch.cat([*prefix[1::2], values], dim=SEQ_DIM)
         c = q.shape[SEQ_DIM] // 2
         outputs = []
         for half, chunk in enumerate(zigzag_chunks(self.rank, self.size)):
-            visible = (chunk + 1) * c  # keys of chunks 0..chunk
+            visible = before + (chunk + 1) * c  # the prefix and chunks 0..chunk
             mask = causal_lower_right(c, visible)
             query = q[:, :, half * c : (half + 1) * c]
             outputs.append(
@@ -151,7 +175,6 @@ def apply_context_parallel(
     untouched. Returns None when ``strategy.cp == 1``."""
     if strategy.cp == 1:
         return None
-    check_context_slices(strategy)
     cp_mesh = mesh["cp"]
     if cp_mesh.size() != strategy.cp:
         raise StrategyError(

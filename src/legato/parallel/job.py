@@ -209,12 +209,13 @@ def _check_runtime(
     (pp > 1), built on first call."""
     try:
         check_context_parallel(s.cp, seq_len)
-        check_context_slices(s)
         check_tensor_parallel(spec, s)
     except StrategyError as exc:
         raise StrategyError(f"{where}: {exc}") from None
     if s.slices > 1 and seq_len % s.slices:
         raise StrategyError(f"{where}: slices={s.slices} must divide data.seq_len ({seq_len})")
+    if s.slices > 1 and s.cp > 1:
+        check_context_slices(s, token_bounds(schedule().slice_bounds, seq_len), where)
     if s.sp:
         check_sequence_parallel(s, seq_len, where, schedule)
     if s.pp > 1 and s.recompute == "full" and SCHEDULE_KINDS[s.schedule].split_backward:
@@ -257,7 +258,7 @@ def check_sequence_parallel(
     """sp splits every piece of sequence a stage sees (the whole sequence, or each slice
     of a slice-level schedule) over the tp ranks: tp must divide each one's tokens."""
     cuts = token_bounds(schedule().slice_bounds, seq_len) if s.pp > 1 else (0, seq_len)
-    pieces = [b - a for a, b in pairwise(cuts)]
+    pieces = [(b - a) // s.cp for a, b in pairwise(cuts)]  # each cp rank's share
     if any(n % s.tp for n in pieces):
         raise StrategyError(
             f"{where}: sp needs tp={s.tp} to divide the tokens of every sequence piece a "
@@ -300,12 +301,14 @@ def check_tensor_parallel(spec: ModelSpec, strategy: Strategy) -> None:
         )
 
 
-def check_context_slices(s: Strategy) -> None:
-    """cp > 1 runs whole sequences: a slice-level schedule's own attention over K/V
-    prefixes would replace the context-parallel attention."""
-    if s.cp > 1 and s.slices > 1:
+def check_context_slices(s: Strategy, cuts: tuple[int, ...], where: str) -> None:
+    """cp with sequence slices splits every slice over the cp ranks as it would a whole
+    sequence (``2 * cp`` zigzag chunks): ``2 * cp`` must divide each slice's tokens."""
+    pieces = [b - a for a, b in pairwise(cuts)]
+    if any(n % (2 * s.cp) for n in pieces):
         raise StrategyError(
-            f"strategy.cp: cp={s.cp} runs with slices=1 only, got slices={s.slices}"
+            f"{where}: cp={s.cp} with slices={s.slices} cuts every slice into 2*cp = "
+            f"{2 * s.cp} chunks, got slices of {pieces} tokens"
         )
 
 

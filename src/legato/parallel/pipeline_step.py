@@ -50,6 +50,7 @@ from legato.parallel.parallelize import parallelize
 from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.pipeline.forward_only import forward_loss
 from legato.parallel.process_group import DistContext
+from legato.schedule import token_bounds
 
 
 class PipelineStep:
@@ -81,7 +82,7 @@ class PipelineStep:
             self.stages, self.schedule, rank=self.pp_rank, group=self.pp_group,
             sequence_shards=strategy.tp if strategy.sp else 1, loss_chunk=strategy.loss_chunk,
             gathered=self._gathered if self.sharded and strategy.zero == 3 else None,
-            aux_loss_scale=aux_loss_coef / units,
+            aux_loss_scale=aux_loss_coef / units, context=self.laid_out[0].context,
         )  # fmt: skip
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())
@@ -121,8 +122,9 @@ class PipelineStep:
             dist.all_reduce(count, group=self.dp_group)
         positions = None
         context = self.laid_out[0].context
-        if context is not None:  # this rank's zigzag share of each sequence
-            inputs, labels, positions = context.shard(inputs, labels)
+        if context is not None:  # this rank's zigzag share of each sequence (of each slice)
+            cuts = token_bounds(self.schedule.slice_bounds, inputs.shape[1])
+            inputs, labels, positions = context.shard(inputs, labels, cuts)
         averaged = self.job.gradient_ranks  # FSDP2 (or _sum_gradients) averages
         scale = averaged / max(int(count), 1)
         with reduce_after_pipeline(self.stages.values()), self.laid_out[0].step_context():

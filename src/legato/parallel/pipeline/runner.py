@@ -36,7 +36,7 @@ from torch.distributed.tensor import DTensor
 from legato.errors import ConfigError
 from legato.memory import chunked_cross_entropy
 from legato.models.attention import attention_override
-from legato.models.slice_attention import PrefixKVCache
+from legato.models.slice_attention import ContextAttention, PrefixKVCache
 from legato.moe.layer import moe_aux_loss
 from legato.parallel.pipeline.meter import ActivationMeter
 from legato.parallel.pipeline.p2p import P2P
@@ -119,6 +119,8 @@ class PipelineRunner:
     forward used (FSDP2 resharded after forward gathers them again; ZeRO-3).
     ``aux_loss_scale`` > 0: each unit's backward also carries the MoE load-balance loss
     of its stage's layers (``legato.moe``) times this factor (not added to the loss).
+    ``context``: the context-parallel attention each slice's K/V cache runs under (cp
+    with ``slices > 1``; the batch is then each rank's share of every slice).
     ``measure`` also times every compute action (``stats.action_seconds``).
     """
 
@@ -135,6 +137,7 @@ class PipelineRunner:
         loss_chunk: int = 0,
         gathered: Callable[[StageModule], contextlib.AbstractContextManager] | None = None,
         aux_loss_scale: float = 0.0,
+        context: ContextAttention | None = None,
         measure: bool = False,
     ) -> None:
         placement = schedule.placement
@@ -165,6 +168,7 @@ class PipelineRunner:
         self.sequence_shards, self.loss_chunk = sequence_shards, loss_chunk
         self.gathered = gathered or (lambda _stage: contextlib.nullcontext())
         self.aux_loss_scale = aux_loss_scale
+        self.context = context
         self.meter = ActivationMeter()
         self.stats = StepStats()
         self._p2p: P2P | None = None
@@ -295,7 +299,9 @@ class PipelineRunner:
         positions = self._positions[mb][:, lo:hi]
         cache = None
         if self.schedule.slices > 1:
-            cache = self._caches.setdefault((mb, vs), PrefixKVCache(self.schedule.slices))
+            cache = self._caches.setdefault(
+                (mb, vs), PrefixKVCache(self.schedule.slices, self.context)
+            )
         defer = None if self.schedule.fused else DeferLinearWeightGrads(self.meter.hold)
         with contextlib.ExitStack() as ctx:
             ctx.enter_context(self.meter.saved_tensors())
