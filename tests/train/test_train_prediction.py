@@ -149,3 +149,20 @@ def test_a_faster_bubble_shortens_the_step_by_what_it_saves() -> None:
     saved = slow.breakdown["bubble_s"] / 2
     assert fast.step_time_s == pytest.approx(slow.step_time_s - saved)
     assert fast.breakdown["compute_s"] == slow.breakdown["compute_s"]
+
+
+@pytest.mark.parametrize("preset", ["tiny", "tiny-gpt", "tiny-moe", "tiny-deepseek"])
+@pytest.mark.parametrize("world", [4, 8])
+def test_the_planners_top_five_all_run(preset: str, world: int) -> None:
+    """What the planner would tell a user to run, the trainer runs: each of the top 5
+    plans of every family resolves into a Job (``benchmarks/top_plans_run.py`` checks
+    the published-scale presets too)."""
+    from legato.plan import SearchSpace, make_plan
+
+    config = load_config(None, [f"--model.preset={preset}", "--train.global_batch_size=16"])
+    spec = resolve_model(config.model)
+    cluster = load_cluster("local-cpu", nodes=1, devices_per_node=world)
+    report = make_plan(spec, cluster, 16, top_k=5, space=SearchSpace(dtype="fp32"))
+    assert len(report.result.ranked) == 5
+    for scored in report.result.ranked:
+        config.with_strategy(scored.strategy.to_string()).job(spec, world)
