@@ -1,11 +1,14 @@
-"""Framework overhead: ``legato train`` against a plain FSDP2 loop, same model, same layout.
+"""Framework overhead: ``legato train`` against a plain torch.distributed loop, same model, same layout.
 
-The baseline is what users write today (torchtitan's structure in ~40 lines, ``_worker``):
-``fully_shard`` on every block and the root, AdamW, ``gbs / (mbs * dp)`` micro-batches
-accumulated, gradient clipping to 1.0, one thread per core share, gloo; nothing else. It
-trains the same ``legato.models`` module (the model is not what is compared) on random
-token ids (the speed of a step does not depend on their values). legato runs the same
-job through its CLI: ``--parallel.strategy=zero=3`` (FSDP2 resharded after forward), the
+The baseline is what users write today (torchtitan's structure in ~50 lines, ``_worker``),
+per ``--layout``: ``fsdp``, ``fully_shard`` on every block and the root; ``tp``, torch's
+Megatron plan on every block (``ColwiseParallel`` q/k/v and gate/up, ``RowwiseParallel``
+o and down), a vocabulary-parallel embedding and LM head and the loss under
+``loss_parallel``. Then AdamW, ``gbs / (mbs * dp)`` micro-batches accumulated, gradient
+clipping to 1.0, one thread per core share, gloo; nothing else. It trains the same
+``legato.models`` module (the model is not what is compared) on random token ids (the
+speed of a step does not depend on their values). legato runs the same job through its
+CLI (``--parallel.strategy=zero=3``: FSDP2 resharded after forward; ``tp=<nproc>``), the
 same batch, with its data pipeline, metrics, progress and prediction
 (``--parallel.cluster=none`` only skips calibrating the host).
 
@@ -32,12 +35,52 @@ from report import emit
 WARMUP = 3
 
 
-def _worker(model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
-    """One rank of the plain FSDP2 loop (run by torchrun)."""
+def _tensor_parallel(model, world: int) -> None:
+    """torch's Megatron plan on a Llama-style model (torchtitan's ``apply_tp``)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        parallelize_module,
+    )
+
+    mesh = init_device_mesh("cpu", (world,))
+    for block in model.blocks:
+        plan = {f"self_attn.{n}": ColwiseParallel() for n in ("q_proj", "k_proj", "v_proj")}
+        plan |= {f"mlp.{n}": ColwiseParallel() for n in ("gate_proj", "up_proj")}
+        plan |= {"self_attn.o_proj": RowwiseParallel(), "mlp.down_proj": RowwiseParallel()}
+        parallelize_module(block, mesh, plan)
+        block.self_attn.num_heads //= world
+        block.self_attn.num_kv_heads //= world
+    parallelize_module(model.model.embed_tokens, mesh, RowwiseParallel(input_layouts=Replicate()))
+    parallelize_module(model.lm_head, mesh,
+                       ColwiseParallel(output_layouts=Shard(-1), use_local_output=False))  # fmt: skip
+
+
+def _clip_mixed(model, max_norm: float) -> None:
+    """Clip to the global norm over tensor-parallel DTensor and replicated gradients."""
+    import torch
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    norms = [torch.linalg.vector_norm(g) for g in grads]
+    total = torch.stack([n.full_tensor() if isinstance(n, DTensor) else n for n in norms]).norm()
+    scale = (max_norm / (total + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(scale)
+
+
+def _worker(layout: str, model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
+    """One rank of the plain loop (run by torchrun)."""
+    import contextlib
+
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor.parallel import loss_parallel
 
     from legato.models import build_model
     from legato.specs import load_model
@@ -47,21 +90,35 @@ def _worker(model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     spec = load_model(model_name)
     model = build_model(spec, seed=0)
-    for block in model.blocks:
-        fully_shard(block)
-    fully_shard(model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, foreach=True)
-    micro = gbs // (mbs * world)
-    generator = torch.Generator().manual_seed(rank)
+    if layout == "tp":
+        _tensor_parallel(model, world)
+        dp, around_loss = 1, loss_parallel
+    else:
+        for block in model.blocks:
+            fully_shard(block)
+        fully_shard(model)
+        dp, around_loss = world, contextlib.nullcontext
+    # foreach kernels take one kind of tensor per group: DTensors apart from plain ones
+    kinds: dict[bool, list] = {}
+    for param in model.parameters():
+        kinds.setdefault(isinstance(param, DTensor), []).append(param)
+    groups = [{"params": params} for params in kinds.values()]
+    optimizer = torch.optim.AdamW(groups, lr=3e-4, foreach=True)
+    micro = gbs // (mbs * dp)
+    generator = torch.Generator().manual_seed(rank if dp > 1 else 0)  # tp ranks: same rows
     times = []
     for _ in range(steps):
         began = time.perf_counter()
         for _ in range(micro):
             tokens = torch.randint(0, spec.vocab_size, (mbs, spec.seq_len + 1), generator=generator)
             logits = model(tokens[:, :-1])
-            loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()) / micro
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            with around_loss():
+                loss = F.cross_entropy(logits.flatten(0, 1), tokens[:, 1:].flatten()) / micro
+                loss.backward()
+        if layout == "tp":  # DTensor and plain gradients: torch's clip takes one kind
+            _clip_mixed(model, 1.0)
+        else:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         times.append(time.perf_counter() - began)
@@ -70,20 +127,21 @@ def _worker(model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
     dist.destroy_process_group()
 
 
-def plain(model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
+def plain(layout: str, model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
     out = tmp / "plain.json"
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}",
-               "--standalone", __file__, "--worker", model, str(steps), str(gbs),
+               "--standalone", __file__, "--worker", layout, model, str(steps), str(gbs),
                str(mbs), str(out)]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True, timeout=1800)
     times = json.loads(out.read_text())[WARMUP:]
     return gbs * load_seq(model) / statistics.median(times)
 
 
-def legato(model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
+def legato(layout: str, model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
     run = tmp / f"legato-{time.monotonic_ns()}"
+    strategy = f"tp={nproc}" if layout == "tp" else "zero=3"
     command = [sys.executable, "-m", "legato.cli.main", "train", f"--model.preset={model}",
-               f"--parallel.nproc={nproc}", "--parallel.strategy=zero=3",
+               f"--parallel.nproc={nproc}", f"--parallel.strategy={strategy}",
                "--parallel.cluster=none", f"--train.steps={steps}",
                f"--train.global_batch_size={gbs}", f"--train.micro_batch_size={mbs}",
                f"--train.log_every={steps}", "--checkpoint.every=0", f"--run.dir={run}"]  # fmt: skip
@@ -103,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 steps, 2 repeats")
     parser.add_argument("--model", default="tiny")
+    parser.add_argument("--layout", choices=("fsdp", "tp"), default="fsdp")
     parser.add_argument("--nproc", type=int, nargs="+", default=[2])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 2)")
     parser.add_argument("--steps", type=int, default=None, help="default 20 (quick: 10)")
@@ -115,14 +174,16 @@ def main() -> None:
         for nproc in args.nproc:
             ours, theirs = [], []
             for i in range(repeats):
-                print(f"fsdp_baseline: {args.model} x{nproc}, repeat {i + 1}/{repeats}",
-                      file=sys.stderr)  # fmt: skip
-                theirs.append(plain(args.model, nproc, steps, args.gbs, args.mbs, Path(tmp)))
-                ours.append(legato(args.model, nproc, steps, args.gbs, args.mbs, Path(tmp)))
+                print(f"fsdp_baseline: {args.layout} {args.model} x{nproc}, repeat "
+                      f"{i + 1}/{repeats}", file=sys.stderr)  # fmt: skip
+                job = (args.layout, args.model, nproc, steps, args.gbs, args.mbs, Path(tmp))
+                theirs.append(plain(*job))
+                ours.append(legato(*job))
             emit(
                 "fsdp_baseline",
-                {"model": args.model, "nproc": nproc, "gbs": args.gbs, "mbs": args.mbs},
-                "tokens_per_s", statistics.median(ours), "plain_fsdp2_loop",
+                {"layout": args.layout, "model": args.model, "nproc": nproc, "gbs": args.gbs,
+                 "mbs": args.mbs},
+                "tokens_per_s", statistics.median(ours), f"plain_{args.layout}_loop",
                 statistics.median(theirs), digits=1, ratio_digits=3,
                 legato_runs=[round(x) for x in ours], plain_runs=[round(x) for x in theirs],
             )  # fmt: skip
@@ -130,7 +191,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
-        model, steps, gbs, mbs, out = sys.argv[2:7]
-        _worker(model, int(steps), int(gbs), int(mbs), out)
+        layout, model, steps, gbs, mbs, out = sys.argv[2:8]
+        _worker(layout, model, int(steps), int(gbs), int(mbs), out)
     else:
         main()
