@@ -4,11 +4,14 @@ The baseline is what users write today (torchtitan's structure in ~50 lines, ``_
 per ``--layout``: ``fsdp``, ``fully_shard`` on every block and the root; ``tp``, torch's
 Megatron plan on every block (``ColwiseParallel`` q/k/v and gate/up, ``RowwiseParallel``
 o and down), a vocabulary-parallel embedding and LM head and the loss under
-``loss_parallel``. Then AdamW, ``gbs / (mbs * dp)`` micro-batches accumulated, gradient
+``loss_parallel``; ``pp``, torch's own pipeline schedule (``torch.distributed.pipelining``
+``Schedule1F1B``) over the model cut in two (legato's ``StageModule``, the model's
+first and second half of blocks). Then AdamW, ``gbs / (mbs * dp)`` micro-batches accumulated, gradient
 clipping to 1.0, one thread per core share, gloo; nothing else. It trains the same
 ``legato.models`` module (the model is not what is compared) on random token ids (the
 speed of a step does not depend on their values). legato runs the same job through its
-CLI (``--parallel.strategy=zero=3``: FSDP2 resharded after forward; ``tp=<nproc>``), the
+CLI (``--parallel.strategy=zero=3``: FSDP2 resharded after forward; ``tp=<nproc>``;
+``pp=<nproc>,schedule=1f1b``), the
 same batch, with its data pipeline, metrics, progress and prediction
 (``--parallel.cluster=none`` only skips calibrating the host).
 
@@ -71,6 +74,23 @@ def _clip_mixed(model, max_norm: float) -> None:
         g.mul_(scale)
 
 
+def _pipeline(model, rank: int, world: int, micro: int):
+    """torch's 1F1B schedule over this rank's half of the blocks."""
+    import torch
+    import torch.nn.functional as F
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+
+    from legato.parallel.pipeline.stages import StageModule
+
+    per = model.spec.num_layers // world
+    stage = StageModule(model, rank, world, range(rank * per, (rank + 1) * per))
+    schedule = Schedule1F1B(
+        PipelineStage(stage, rank, world, torch.device("cpu")), n_microbatches=micro,
+        loss_fn=lambda logits, target: F.cross_entropy(logits.flatten(0, 1), target.flatten()),
+    )  # fmt: skip
+    return stage, schedule
+
+
 def _worker(layout: str, model_name: str, steps: int, gbs: int, mbs: int, out: str) -> None:
     """One rank of the plain loop (run by torchrun)."""
     import contextlib
@@ -90,9 +110,13 @@ def _worker(layout: str, model_name: str, steps: int, gbs: int, mbs: int, out: s
     torch.set_num_threads(max(1, len(os.sched_getaffinity(0)) // world))
     spec = load_model(model_name)
     model = build_model(spec, seed=0)
+    schedule = None
     if layout == "tp":
         _tensor_parallel(model, world)
         dp, around_loss = 1, loss_parallel
+    elif layout == "pp":
+        model, schedule = _pipeline(model, rank, world, gbs // mbs)
+        dp, around_loss = 1, contextlib.nullcontext
     else:
         for block in model.blocks:
             fully_shard(block)
@@ -109,7 +133,13 @@ def _worker(layout: str, model_name: str, steps: int, gbs: int, mbs: int, out: s
     times = []
     for _ in range(steps):
         began = time.perf_counter()
-        for _ in range(micro):
+        if schedule is not None:  # the schedule cuts the batch into its micro-batches
+            tokens = torch.randint(0, spec.vocab_size, (gbs, spec.seq_len + 1), generator=generator)
+            if rank == 0:
+                schedule.step(tokens[:, :-1])
+            else:
+                schedule.step(target=tokens[:, 1:])
+        for _ in range(micro if schedule is None else 0):
             tokens = torch.randint(0, spec.vocab_size, (mbs, spec.seq_len + 1), generator=generator)
             logits = model(tokens[:, :-1])
             with around_loss():
@@ -139,7 +169,7 @@ def plain(layout: str, model: str, nproc: int, steps: int, gbs: int, mbs: int, t
 
 def legato(layout: str, model: str, nproc: int, steps: int, gbs: int, mbs: int, tmp: Path) -> float:
     run = tmp / f"legato-{time.monotonic_ns()}"
-    strategy = f"tp={nproc}" if layout == "tp" else "zero=3"
+    strategy = {"tp": f"tp={nproc}", "pp": f"pp={nproc},schedule=1f1b"}.get(layout, "zero=3")
     command = [sys.executable, "-m", "legato.cli.main", "train", f"--model.preset={model}",
                f"--parallel.nproc={nproc}", f"--parallel.strategy={strategy}",
                "--parallel.cluster=none", f"--train.steps={steps}",
@@ -161,7 +191,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="10 steps, 2 repeats")
     parser.add_argument("--model", default="tiny")
-    parser.add_argument("--layout", choices=("fsdp", "tp"), default="fsdp")
+    parser.add_argument("--layout", choices=("fsdp", "tp", "pp"), default="fsdp")
     parser.add_argument("--nproc", type=int, nargs="+", default=[2])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (quick: 2)")
     parser.add_argument("--steps", type=int, default=None, help="default 20 (quick: 10)")
