@@ -248,13 +248,17 @@ def _data_parallel(text: str) -> bool:
 @pytest.mark.parametrize("row", _rows(_data_parallel))
 def test_zero_shards_what_it_says(row: str, runs) -> None:
     """ZeRO >= 1 leaves each rank about half of every gradient (two data-parallel ranks);
-    zero=0 (DDP, the step's all-reduce) every gradient whole but the experts' (1/ep)."""
+    zero=0 (DDP, the step's all-reduce) shards nothing over dp: a replicated weight's
+    gradient (the norms') is whole on every rank, the experts' 1/ep."""
     shares = [share for rank in runs(row)[2] for share in rank.values()]
     if "zero=0" in ROWS[row][2]:
         ep = Strategy.parse(ROWS[row][2]).ep
         for rank in runs(row)[2]:
             for name, share in rank.items():
-                assert share == (1 / ep if ".mlp.experts." in name else 1.0), name
+                if ".mlp.experts." in name:
+                    assert share == 1 / ep, name
+                elif "norm" in name:
+                    assert share == 1.0, name
     else:
         assert max(shares) <= 0.51, max(shares)
 

@@ -38,6 +38,8 @@ reuse it where their modules play those roles and add only what their own module
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 from torch.distributed.device_mesh import DeviceMesh
@@ -70,7 +72,7 @@ def family_plan(block: nn.Module, dense: Plan, replicated_dense: Plan, strategy:
     if isinstance(block.mlp, MoE):
         plan = {k: v for k, v in plan.items() if not k.startswith("mlp")}
         if strategy.folded_ep:
-            plan.update(_folded_moe_plan(block.mlp, replicated_dense, strategy.sp))
+            plan.update(_folded_moe_plan(block.mlp, replicated_dense))
         else:
             plan.update(_moe_plan(block.mlp, replicated_dense, strategy.sp, strategy.etp > 1))
     if isinstance(block.self_attn, MLAttention):
@@ -95,20 +97,19 @@ def _moe_plan(moe: MoE, replicated_dense: Plan, sp: bool, etp: bool) -> Plan:
             desired_output_layouts=Shard(1) if sp else Replicate(),
             use_local_output=not sp,
         )
-    if moe.shared_experts is not None:
-        for name, style in replicated_dense.items():
-            if not name.startswith("mlp."):
-                continue
-            if etp and isinstance(style, RowwiseParallel):  # added into the partial sum
-                style = RowwiseParallel(output_layouts=Partial(), use_local_output=True)
-            plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
-    return plan
+
+    def restyle(style: ParallelStyle) -> ParallelStyle:  # etp: added into the partial sum
+        if etp and isinstance(style, RowwiseParallel):
+            return RowwiseParallel(output_layouts=Partial(), use_local_output=True)
+        return style
+
+    return plan | _shared_experts(moe, replicated_dense, restyle)
 
 
-def _folded_moe_plan(moe: MoE, replicated_dense: Plan, sp: bool) -> Plan:
-    """Each rank's own sequence shard through the layer (as local tokens ``[B*S/tp, h]``);
-    the shared experts' GEMMs on all of them, split on the token dimension around them."""
-    assert sp, "Strategy.check: ep folded over tp needs sp"
+def _folded_moe_plan(moe: MoE, replicated_dense: Plan) -> Plan:
+    """Each rank's own sequence shard through the layer (as local tokens ``[B*S/tp, h]``;
+    ``Strategy.check`` requires sp); the shared experts' GEMMs on all of them, split on the
+    token dimension around them."""
     shard = Shard(1)
     plan: Plan = {
         "mlp": PrepareModuleInputOutput(
@@ -120,16 +121,28 @@ def _folded_moe_plan(moe: MoE, replicated_dense: Plan, sp: bool) -> Plan:
             use_local_output=False,
         )
     }
-    if moe.shared_experts is not None:
-        for name, style in replicated_dense.items():
-            if not name.startswith("mlp."):
-                continue
-            if isinstance(style, ColwiseParallel):
-                style = ColwiseParallel(input_layouts=Shard(0))
-            elif isinstance(style, RowwiseParallel):
-                style = RowwiseParallel(output_layouts=Shard(0))
-            plan[name.replace("mlp.", "mlp.shared_experts.", 1)] = style
-    return plan
+
+    def restyle(style: ParallelStyle) -> ParallelStyle:  # gather tokens, scatter them back
+        if isinstance(style, ColwiseParallel):
+            return ColwiseParallel(input_layouts=Shard(0))
+        if isinstance(style, RowwiseParallel):
+            return RowwiseParallel(output_layouts=Shard(0))
+        return style
+
+    return plan | _shared_experts(moe, replicated_dense, restyle)
+
+
+def _shared_experts(
+    moe: MoE, replicated_dense: Plan, restyle: Callable[[ParallelStyle], ParallelStyle]
+) -> Plan:
+    """The shared experts' plan: the dense MLP's (column/row parallel), restyled."""
+    if moe.shared_experts is None:
+        return {}
+    return {
+        name.replace("mlp.", "mlp.shared_experts.", 1): restyle(style)
+        for name, style in replicated_dense.items()
+        if name.startswith("mlp.")
+    }
 
 
 def tp_partial_parameters(model: nn.Module) -> list[nn.Parameter]:
