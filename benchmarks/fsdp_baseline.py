@@ -1,19 +1,18 @@
-"""Framework overhead: ``legato train`` against a plain torch.distributed loop, same model, same layout.
+"""Framework overhead: ``legato train`` against a plain loop, same model, same layout.
 
 The baseline is what users write today (torchtitan's structure in ~50 lines, ``_worker``),
 per ``--layout``: ``fsdp``, ``fully_shard`` on every block and the root; ``tp``, torch's
 Megatron plan on every block (``ColwiseParallel`` q/k/v and gate/up, ``RowwiseParallel``
 o and down), a vocabulary-parallel embedding and LM head and the loss under
 ``loss_parallel``; ``pp``, torch's own pipeline schedule (``torch.distributed.pipelining``
-``Schedule1F1B``) over the model cut in two (legato's ``StageModule``, the model's
-first and second half of blocks). Then AdamW, ``gbs / (mbs * dp)`` micro-batches accumulated, gradient
-clipping to 1.0, one thread per core share, gloo; nothing else. It trains the same
-``legato.models`` module (the model is not what is compared) on random token ids (the
-speed of a step does not depend on their values). legato runs the same job through its
-CLI (``--parallel.strategy=zero=3``: FSDP2 resharded after forward; ``tp=<nproc>``;
-``pp=<nproc>,schedule=1f1b``), the
-same batch, with its data pipeline, metrics, progress and prediction
-(``--parallel.cluster=none`` only skips calibrating the host).
+``Schedule1F1B``) over the model cut in two (legato's ``StageModule``, the model's first
+and second half of blocks). Then AdamW, ``gbs / (mbs * dp)`` micro-batches accumulated,
+gradient clipping to 1.0, one thread per core share, gloo; nothing else. It trains the
+same ``legato.models`` module (the model is not what is compared) on random token ids
+(the speed of a step does not depend on their values). legato runs the same job through
+its CLI (``--parallel.strategy=zero=3``: FSDP2 resharded after forward; ``tp=<nproc>``;
+``pp=<nproc>,schedule=1f1b``), the same batch, with its data pipeline, metrics, progress
+and prediction (``--parallel.cluster=none`` only skips calibrating the host).
 
 The two alternate ``--repeats`` times (so drift on a shared machine hits both); each run
 reports its median tokens/s after ``WARMUP`` steps and the row gives the median over

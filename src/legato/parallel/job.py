@@ -13,15 +13,14 @@ step), 2 (FSDP2, parameters kept gathered between forward and backward) or 3 (FS
 resharded after forward); ``tp`` (Megatron column/row through ``parallelize_module``,
 vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings through
 ``tensor_families``) with ``sp``; ``cp`` (attention over a load-balanced sequence split);
-``ep`` (experts sharded over
-the ``dp x cp`` ranks, or folded over tp and dp: over every rank of a stage) with ``etp``
-(each expert's FFN width split over tp); ``recompute`` (selective or full); ``swap`` and
-``loss_chunk``; ``pp`` with every schedule of ``legato.schedule``, its stages laid out by
-the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op); ``dtype``
-(fp16 with dynamic loss scaling), ``mbs``, ``gbs``. What is refused: the combinations of
-``_check_runtime`` and ``check_tensor_parallel``, each with its reason (docs/training.md
-lists them). The keys ``mbs``, ``gbs`` and
-``dtype`` of the string *are* the config's ``train.micro_batch_size``,
+``ep`` (experts sharded over the ``dp x cp`` ranks, or folded over tp and dp: over every
+rank of a stage) with ``etp`` (each expert's FFN width split over tp); ``recompute``
+(selective or full); ``swap`` and ``loss_chunk``; ``pp`` with every schedule of
+``legato.schedule``, its stages laid out by the same appliers; 2-D tp (``tp=AxB``, the
+planner's layout run op by op); ``dtype`` (fp16 with dynamic loss scaling), ``mbs``,
+``gbs``. What is refused: the combinations of ``_check_runtime`` and
+``check_tensor_parallel``, each with its reason (docs/training.md lists them). The keys
+``mbs``, ``gbs`` and ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by
 ``legato plan`` can be pasted unchanged.
 

@@ -55,11 +55,10 @@ def build_mesh(job: Job, device_type: str) -> DeviceMesh | None:
     mesh = init_device_mesh(device_type, tuple(shape.values()), mesh_dim_names=tuple(shape))
     flat = {GRADIENT_DIM: mesh["dp", "cp"]._flatten(GRADIENT_DIM)}
     s = job.strategy
-    if s.folded_ep:  # 1-D tp (Strategy.check)
+    if s.folded_ep or (s.ep > 1 and s.etp > 1):  # 1-D tp (Strategy.check, check_tensor_parallel)
         flat[STAGE_DIM] = mesh["dp", "cp", "tp"]._flatten(STAGE_DIM)
     if s.ep > 1 and s.etp > 1:  # (ep, etp): each expert's rows on ep, its FFN width on tp
-        stage = mesh["dp", "cp", "tp"]._flatten(STAGE_DIM)
-        experts = stage._unflatten(0, (s.expert_dp, s.ep, s.tp), ("edp", "ep", "etp"))
+        experts = flat[STAGE_DIM]._unflatten(0, (s.expert_dp, s.ep, s.tp), ("edp", "ep", "etp"))
         flat |= {"ep": experts["ep"], "edp": experts["edp"], "ep_etp": experts["ep", "etp"]}
     elif s.ep > 1:  # the token ranks, innermost first: ep groups, each expert on expert_dp
         experts = flat[expert_dim(s)]._unflatten(0, (s.expert_dp, s.ep), ("edp", "ep"))

@@ -15,8 +15,9 @@ row, at its true positions):
 * gradients over ``"dp_cp"``: with ``zero=0`` averaged by one flat all-reduce after the
   step (DDP's hooks never fire: the runner takes gradients with ``torch.autograd.grad``
   and its own deferred weight-gradient GEMMs; a tensor-parallel gradient is reduced shard
-  by shard; experts, reduced by EP, are left out); with ``zero=1/2`` each stage is FSDP2-sharded, its parameters are gathered
-  once at the start of the step and kept whole to its end, and its gradients are
+  by shard; experts, reduced by EP, are left out); with ``zero=1/2`` each stage is
+  FSDP2-sharded, its parameters are gathered once at the start of the step and kept
+  whole to its end, and its gradients are
   reduce-scattered once after the last micro-batch (``fsdp.reduce_after_pipeline``), then
   the parameters are resharded. The optimizer states (and, between steps, parameters and
   gradients) are this rank's shard only. ``zero=3`` also reshards each block after every
@@ -87,6 +88,9 @@ class PipelineStep:
         # what the optimizer sees: embeddings found as modules, shared tensors once
         self.module = nn.ModuleList(self.stages.values())
         self.params = self.runner.parameters()
+        # what zero=0's all-reduce averages: all but the experts, which EP reduces
+        experts = {id(p) for stage in self.stages.values() for p in expert_parameters(stage)}
+        self._averaged = [p for p in self.params if id(p) not in experts]
         held = {id(t) for t in [*self.params, *self.module.buffers()]}
         named = [*model.named_parameters(), *model.named_buffers()]
         self.fqns = sorted(name for name, t in named if id(t) in held)
@@ -180,9 +184,7 @@ class PipelineStep:
         """Average this rank's gradients over its dp x cp group in one all-reduce (the
         experts, reduced by expert parallelism, left out)."""
         if self.gradient_group is not None:
-            experts = {id(p) for stage in self.stages.values() for p in expert_parameters(stage)}
-            shared = [p for p in self.params if id(p) not in experts]
-            GradientReduction(shared, self.gradient_group, self.job.gradient_ranks).run()
+            GradientReduction(self._averaged, self.gradient_group, self.job.gradient_ranks).run()
 
     def clip_grad_norm(self, max_norm: float) -> float:
         """Clip to the global gradient norm over all pipeline ranks; returns the norm."""

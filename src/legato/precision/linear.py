@@ -162,8 +162,8 @@ class Fp8Linear(nn.Linear):
 
     def _sharded(self, x: Tensor) -> Tensor:
         weight, mesh = self.weight, self.weight.device_mesh
-        [split] = weight.placements
-        if not isinstance(x, DTensor) or not isinstance(split, Shard) or mesh.ndim != 1:
+        split = weight.placements[0]
+        if not isinstance(x, DTensor) or mesh.ndim != 1 or not isinstance(split, Shard):
             raise NotImplementedError(
                 f"Fp8Linear: a 1-D column- or row-parallel weight and a DTensor input, got "
                 f"{weight.placements} and {type(x).__name__}"

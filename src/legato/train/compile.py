@@ -44,8 +44,8 @@ REFUSED: tuple[tuple[Callable[[Strategy], str], str], ...] = (
 def refusal(strategy: Strategy) -> str:
     """Why ``strategy`` cannot run compiled blocks ('' when it can)."""
     for keys, why in REFUSED:
-        if keys(strategy):
-            return f"{keys(strategy)} ({why})"
+        if label := keys(strategy):
+            return f"{label} ({why})"
     return ""
 
 
