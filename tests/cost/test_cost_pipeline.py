@@ -154,3 +154,34 @@ def test_an_uneven_split_is_priced_as_the_runtime_builds_it() -> None:
     stages = pipeline_stages(spec, s)
     assert [st.dense for st in stages] == [len(r) for r in split_layers(3, 2)] == [2, 1]
     assert stages[0].first and stages[1].last
+
+
+@pytest.mark.parametrize("p", [2, 4, 6, 8, 12, 16])
+def test_dualpipe_closed_form_equals_the_simulator(p: int) -> None:
+    """The closed form is the simulated makespan of DualPipe's order over a grid of
+    micro-batch counts and unequal forward, input- and weight-gradient times (w = 0
+    included), not only at f = b = w."""
+    import random
+
+    from legato.cost.pipeline import dualpipe_bubble
+    from legato.schedule import build_schedule, simulate
+    from legato.schedule.costs import CostModel
+
+    rng = random.Random(p)
+    grid = [(1, 1, 1), (1, 2, 1), (2, 1, 1), (1, 1, 0), (3, 1, 2), (1, 3, 0.2)]
+    grid += [tuple(rng.uniform(0.05, 3) for _ in range(3)) for _ in range(12)]
+    for m in (2 * p, 2 * p + 2, 4 * p):
+        s = build_schedule("dualpipe", stages=p, microbatches=m)
+        for f, b, w in grid:
+            simulated = simulate(s, CostModel(f=f, b=b, w=w)).makespan
+            closed = pipeline_time("dualpipe", p, m, 2, 1, f, b + w, w)
+            assert closed.total_s == pytest.approx(simulated, rel=1e-9), (m, f, b, w)
+            assert closed.bubble_s == pytest.approx(dualpipe_bubble(p, f, b, w))
+        assert in_flight_microbatches("dualpipe", p, m, 2, 1) * 2 == p + 1
+
+
+def test_dualpipe_bubble_is_below_zero_bubble_h1_and_1f1b():
+    for f, b, w in [(1, 1, 1), (1, 2, 1), (1, 1, 0.3)]:
+        dual = pipeline_time("dualpipe", P, M, 2, 1, f, b + w, w).bubble_s
+        assert dual < pipeline_time("zb-h1", P, M, 1, 1, f, b + w, w).bubble_s
+        assert dual < pipeline_time("1f1b", P, M, 1, 1, f, b + w, w).bubble_s

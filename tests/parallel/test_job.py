@@ -242,3 +242,9 @@ def test_example_tiny_pipeline_runs_svpp_on_its_processes() -> None:
     assert (schedule.name, schedule.stages, schedule.placement.chunks, schedule.slices) == (
         "svpp", 2, 2, 4,
     )  # fmt: skip
+
+
+def test_dualpipe_is_refused_by_the_trainer_in_one_line() -> None:
+    with pytest.raises(ConfigError, match="schedule dualpipe is priced and simulated") as err:
+        _resolve("pp=2,schedule=dualpipe", 2, "--train.global_batch_size=8")
+    assert "\n" not in str(err.value)

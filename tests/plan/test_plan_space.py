@@ -77,6 +77,26 @@ def test_schedule_options_respect_the_schedule_rules():
     assert shape.dp == 2 and {o["mbs"] for o in options} == {1, 2}  # m >= pp = 4
 
 
+def test_dualpipe_is_searched_only_when_asked_for_and_where_it_runs():
+    space = SearchSpace(schedules=("1f1b", "dualpipe"))
+    [shape] = [s for s in shapes(SPEC, 8, space, 1) if s.pp == 4 and s.cp == 1]
+    options = list(execution_options(SPEC, shape, gbs=32, space=space))
+    dual = [16 // o["mbs"] for o in options if o["schedule"] == "dualpipe"]  # m per dp rank
+    assert dual and all(m >= 2 * shape.pp and m % 2 == 0 for m in dual)
+    assert all(
+        o["schedule"] != "dualpipe" for o in execution_options(SPEC, shape, 32, SearchSpace())
+    )
+
+
+def test_an_unknown_schedule_to_search_is_a_one_line_error():
+    import pytest
+
+    from legato.specs.strategy import StrategyError
+
+    with pytest.raises(StrategyError, match=r"schedules: each must be one of 1f1b, .*dualpipe"):
+        SearchSpace(schedules=("1f1b", "pipedream"))
+
+
 def test_memory_ladder_rows_and_columns():
     shape = next(iter(shapes(SPEC, 8, SearchSpace(), 1)))
     base = strategy_of(shape, {"mbs": 1, "schedule": "1f1b"}, 64, SearchSpace())

@@ -86,7 +86,7 @@ def test_fine_grained_w_fills_p2p_waits() -> None:
         ("interleaved", {"chunks": 1}, "chunks: interleaved needs at least 2 per rank"),
         ("svpp", {"slices": 0}, "slices: must be a positive integer, got 0"),
         ("zb-v", {"memory_cap": 1}, "memory_cap: 1 slice units is below the dependency floor v*k = 2*1"),
-        ("dualpipe", {}, "schedule: must be one of gpipe, 1f1b"),
+        ("pipedream", {}, "schedule: must be one of gpipe, 1f1b"),
         ("svpp", {"w_subtasks": -1}, "w_subtasks: must be a positive integer, got -1"),
     ],
 )  # fmt: skip

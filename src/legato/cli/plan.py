@@ -27,7 +27,7 @@ from legato.cost.runtime import Runtime, parse_runtime
 from legato.errors import LegatoError
 from legato.plan.report import PlanReport, make_plan
 from legato.plan.search import Scorer
-from legato.plan.space import SearchSpace
+from legato.plan.space import DEFAULT_SCHEDULES, SEARCHED_SCHEDULES, SearchSpace
 from legato.specs import ClusterSpec, ModelSpec, load_cluster, load_model
 from legato.specs.strategy import DTYPES, Strategy, StrategyError
 
@@ -131,6 +131,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--max-tp", type=int, default=None, help="largest TP degree (default: node/supernode)"
     )
     plan.add_argument("--no-2d", action="store_true", help="do not try 2-D tensor parallelism")
+    plan.add_argument(
+        "--schedules",
+        default=",".join(DEFAULT_SCHEDULES),
+        metavar="A,B,...",
+        help=f"pipeline schedules to search, of {', '.join(SEARCHED_SCHEDULES)} (default: "
+        f"all but dualpipe, which `legato train` does not run)",
+    )
     plan.add_argument(
         "--dtype",
         choices=DTYPES,
@@ -267,7 +274,10 @@ def _run_plan(args: argparse.Namespace, extra: list[str]) -> int:
         raise LegatoError(
             f"--config-rank: must be in [1, --top = {args.top}], got {args.config_rank}"
         )
-    space = SearchSpace(max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype)
+    schedules = tuple(filter(None, (x.strip() for x in args.schedules.split(","))))
+    space = SearchSpace(
+        max_tp=args.max_tp, two_d_tp=not args.no_2d, dtype=args.dtype, schedules=schedules
+    )
     runtime = parse_runtime(args.runtime, "--runtime")
     scorer = _scorer(_calibration(args.calibration, args.cluster), runtime)
     report = make_plan(model, cluster, args.gbs, top_k=args.top, space=space, scorer=scorer)

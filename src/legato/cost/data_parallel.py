@@ -104,7 +104,7 @@ def dp_traffic(ctx: Any, pieces: Sequence[Piece], shares: dict[str, list[float]]
     }  # fmt: skip
     exposed = hidden = comm = 0.0
     overlap = []
-    for name, count in _pass_counts(s.zero, s.num_microbatches, runtime).items():
+    for name, count in _pass_counts(s.zero, s.num_microbatches // s.model_copies, runtime).items():
         t = _run(passes[name], runtime) if ctx.overlap else _serial(passes[name])
         if t.comm_s <= 0:
             continue

@@ -50,6 +50,9 @@ def pipeline_time(
       B' count): the bubble grows by ``m (t_f + t_b)(D / cap - 1)``. Within 35% of
       ``legato.schedule.simulate``'s makespan (tests/cost/test_cost_pipeline.py); the
       default cap is never below ``D``.
+    * dualpipe: ``t_f`` etc. are one micro-batch's times on one of the device's two model
+      copies (a micro-batch crosses one); bubble ``dualpipe_bubble`` (the longest path
+      through DualPipe's order, exact against ``legato.schedule.simulate``).
     """
     work = m * (t_f + t_b)
     if p == 1:
@@ -65,12 +68,42 @@ def pipeline_time(
         "zb-v": (p - 1) * max(0.0, t_f + t_bi - 2 * t_w) / 2,
         "seq1f1b": (p - 1) * unit / k,
         "svpp": (p - 1) * unit / (v * k),
+        "dualpipe": dualpipe_bubble(p, t_f, t_bi, t_w),
     }
     bubble = bubbles[schedule]
     if schedule == "svpp" and cap > 0:
         depth = (v * p + k - 1) * (t_f + t_b - t_w) / unit
         bubble += work * max(0.0, depth / cap - 1)
     return PipelineTime(work + bubble, bubble)
+
+
+def dualpipe_bubble(p: int, f: float, b: float, w: float) -> float:
+    """Idle time of every DualPipe device beyond its ``m (f + b + w)`` of work, for
+    forward ``f``, input-gradient ``b`` and weight-gradient ``w`` per micro-batch and rank.
+
+    The makespan of a fixed order is its longest dependency path, linear in (f, b, w)
+    between the points where another path takes over; with ``n = p/2 - 1`` the seven
+    candidate paths of DualPipe's order (``legato.schedule.orders.dualpipe_order``; their
+    pieces found as the linear regions of the simulated makespan) give the maximum below.
+    The number of micro-batches does not enter: the steady state has no bubble. DeepSeek-V3's
+    table gives ``n (F&B + B - 3W)`` with the paired forward and backward F&B overlapping
+    each other's communication; with compute alone (F&B = f + b + w) the paths below are
+    exact (tests/cost/test_cost_pipeline.py, equal to the simulator over p = 2..16 and
+    random, unequal f, b, w). At f = b = w it is ``n f``, against 1F1B's ``(p - 1)(f + b + w)``.
+    """
+    n = p // 2 - 1
+    if n <= 0:
+        return 0.0
+    paths = (
+        n * f,
+        n * (f + b - w),
+        n * b - f,
+        2 * n * b - n * w - f,
+        2 * n * f - n * b - n * w,
+        2 * n * f - (2 * n + 1) * w,
+        (2 * n - 1) * (f - w) + b,
+    )
+    return max(paths)
 
 
 def in_flight_microbatches(
@@ -83,6 +116,8 @@ def in_flight_microbatches(
     (its cap, which the greedy order fills everywhere); ZB-V's V shape gives every
     device 1F1B's stage-0 memory, ``p``; interleaved 1F1B warms up ``2(p - stage - 1) +
     (v - 1) p`` chunk units plus one (``p + (p - 1)/v`` on stage 0, Narayanan et al.);
+    DualPipe holds ``p + 1`` micro-batches on one of its two chunks, ``(p + 1)/2`` in units
+    of both (DeepSeek-V3, Table 2; the simulator's peak on every device);
     slice-level 1F1B holds ``(p - stage - 1 + k)/k`` (``(p + k - 1)/k`` on stage 0); SVPP
     ``((v + 1) p + k - 2 - 2 stage)/(v k)`` (MEPipe, EuroSys'25, for stage 0; with one chunk
     it is Seq1F1B, as the schedule builder's default cap ``p + k - 1`` says), or ``cap``
@@ -105,6 +140,7 @@ def in_flight_microbatches(
         "interleaved": (2 * (p - r - 1) + (v - 1) * p + 1) / v,
         "seq1f1b": (p - r - 1 + k) / k,
         "svpp": ((v + 1) * p + k - 2 - 2 * r) / (v * k),
+        "dualpipe": (p + 1) / 2,
     }
     units = forms[schedule]
     if capped:

@@ -31,6 +31,7 @@ from legato.cost.memory import (
     block_params,
     comm_buffer_bytes,
     edge_params,
+    grad_bytes,
     model_states,
     ops_recompute_share,
 )
@@ -171,18 +172,24 @@ def block_recompute(ctx: Context, w: LayerWork, is_moe: bool) -> float:
 def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
     """Every pipeline device in order: chunk ``c p + r`` on device ``r`` (interleaved,
     SVPP), chunks ``r`` and ``2p - 1 - r`` for ZB-V's V shape (so device 0 holds both the
-    embedding and the LM head). An uneven split puts the extra layers on the earliest
-    chunks (``layer_ranges``)."""
+    embedding and the LM head), and for DualPipe stages ``r`` and ``p - 1 - r`` of a
+    ``p``-stage split, one per model copy (devices 0 and p - 1 hold both edges). An
+    uneven split puts the extra layers on the earliest chunks (``layer_ranges``)."""
     p, chunks = s.pp, s.pp * s.vpp
-    ranges = layer_ranges(model.num_layers, chunks)
+    dual = s.model_copies > 1
+    ranges = layer_ranges(model.num_layers, p if dual else chunks)
     moe_in_chunk = [sum(model.is_moe_layer(i) for i in layers) for layers in ranges]
     v_shape = s.schedule == "zb-v" and s.vpp == 2
     stages = []
     for r in range(p):
-        mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(s.vpp)]
+        if dual:
+            mine, first = [r, p - 1 - r], r in (0, p - 1)
+            last = first
+        else:
+            mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(s.vpp)]
+            first, last = r == 0, (r == 0 if v_shape else r == p - 1)
         moe = sum(moe_in_chunk[c] for c in mine)
-        last = r == 0 if v_shape else r == p - 1
-        stages.append(Stage(sum(len(ranges[c]) for c in mine) - moe, moe, r == 0, last))
+        stages.append(Stage(sum(len(ranges[c]) for c in mine) - moe, moe, first, last))
     return stages
 
 
@@ -202,8 +209,14 @@ def _add(total: dict[str, float], part: dict[str, float], times: float) -> None:
 
 
 def stage_step(ctx: Context, stage: Stage) -> StageStep:
-    """Times of one device: per micro-batch, then exposed traffic after overlap."""
-    s, m = ctx.strategy, ctx.strategy.num_microbatches
+    """Times of one device: per micro-batch, then exposed traffic after overlap.
+
+    Under DualPipe the device holds two chunks and each micro-batch crosses one, so the
+    step is ``m / 2`` passes of both; the per-micro-batch times are halved at the end, and
+    the two copies' gradients are summed between mirror devices once per step."""
+    s = ctx.strategy
+    twins = s.model_copies
+    m = s.num_microbatches // twins  # passes through all of the device's chunks
     counts = [(ctx.works[k], n) for k, n in ((False, stage.dense), (True, stage.moe)) if n]
     edge = edge_work(ctx.model, s, ctx.device, stage.first, stage.last, ctx.runtime)
     fwd = edge.fwd_s + sum(w.fwd_s * n for w, n in counts)
@@ -228,6 +241,9 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         for axis in TP_AXES:  # with comm-GEMM overlap: behind all but the attention core
             window[axis] += n * (passes - attention)
     on_path = CRITICAL_WITH_TP_OVERLAP if ctx.runtime.tp_comm_overlap else CRITICAL
+    if twins > 1:  # DualPipe: paired F&B chunks hide each other's ep and pp traffic
+        on_path = tuple(a for a in on_path if a not in ("ep", "pp"))
+        window["ep"] = window["pp"] = _paired_share(s) * (fwd + bwd + recompute)
     ep_total = 0.0
     if ctx.ep is not None and stage.moe:
         e, n = ctx.ep, stage.moe
@@ -270,21 +286,44 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         comm_step["host"] = m * copies
     critical = sum(exposed_mb.values()) + contention_mb
     owned = held.total if s.zero == 0 else held.sharded(s)  # the optimizer updates these
+    exposed_step = {a: exposed[a] for a in ("dp", "edp") if a in exposed}
+    if twins > 1:
+        comm_step["copies"] = exposed_step["copies"] = _copies_sum(ctx, held)
+    per_mb = 1 / twins
     return StageStep(
-        t_f=fwd + critical / 2,
-        t_b=bwd + recompute + critical / 2,
-        t_w=bwd_w,
-        compute_mb=fwd + bwd,
-        recompute_mb=recompute,
-        exposed_mb=exposed_mb,
+        t_f=(fwd + critical / 2) * per_mb,
+        t_b=(bwd + recompute + critical / 2) * per_mb,
+        t_w=bwd_w * per_mb,
+        compute_mb=(fwd + bwd) * per_mb,
+        recompute_mb=recompute * per_mb,
+        exposed_mb={axis: t * per_mb for axis, t in exposed_mb.items()},
         comm_step=comm_step,
-        exposed_step={a: exposed[a] for a in ("dp", "edp") if a in exposed},
+        exposed_step=exposed_step,
         optimizer_s=ctx.device.memory_time(owned * ctx.calibration.optimizer_bytes_per_param),
-        contention_mb=contention_mb,
+        contention_mb=contention_mb * per_mb,
         contention_step=dp.contention_s,
-        classes_mb=_classes(edge, counts, fwd + bwd),
+        classes_mb={k: t * per_mb for k, t in _classes(edge, counts, fwd + bwd).items()},
         overlap=tuple(dp.overlap),
     )
+
+
+def _paired_share(s: Strategy) -> float:
+    """DualPipe: the share of an end device's chunks that run as an overlapped forward-
+    backward pair (the steady state, ``m - 2p + 2`` of its ``m``), where one micro-batch's
+    all-to-alls and pipeline sends hide behind the other's compute (DeepSeek-V3, 3.2.1);
+    warm-up and drain chunks run alone. Devices nearer the middle pair more."""
+    m = s.num_microbatches
+    return max(0.0, m - 2 * s.pp + 2) / m
+
+
+def _copies_sum(ctx: Context, held: DeviceParams) -> float:
+    """DualPipe: device r's and device p - 1 - r's copies of the same layers sum their
+    gradients once per step, an all-reduce between the two over the pipeline's link."""
+    s = ctx.strategy
+    params = held.total if s.zero < 2 else held.sharded(s)  # ZeRO-2/3 reduce shards
+    nbytes = params * grad_bytes(s, ctx.runtime)
+    link = ctx.axes["pp"].link("all_reduce")
+    return collective_time("all_reduce", nbytes, 2, link, ctx.device.profile)
 
 
 def _classes(edge: LayerWork, counts: list[tuple[LayerWork, int]], total: float) -> dict:

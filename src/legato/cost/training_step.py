@@ -115,7 +115,7 @@ def predict(
         "microbatches": m,
         "levels": {a: x.level.name for a, x in ctx.axes.items() if x.size > 1},
         "compute_by_class_s": {k: m * v for k, v in (slowest.classes_mb or {}).items()},
-        "overlap": [*_overlap_lines(slowest, m), *dp_device.overlap],
+        "overlap": [*_overlap_lines(slowest, m, strategy.model_copies > 1), *dp_device.overlap],
         "collectives": {a: _algorithm(x) for a, x in ctx.axes.items() if x.size > 1},
         "runtime_profile": ctx.runtime.profile or "none (defaults)",
     }
@@ -139,9 +139,10 @@ def predict(
     )
 
 
-def _overlap_lines(step: StageStep, m: int) -> list[dict[str, Any]]:
+def _overlap_lines(step: StageStep, m: int, paired: bool) -> list[dict[str, Any]]:
     """Per-micro-batch traffic of the slowest device: what is exposed of it (tensor and
-    pipeline traffic is on the critical path unless the runtime overlaps it)."""
+    pipeline traffic is on the critical path unless the runtime overlaps it; DualPipe
+    hides expert and pipeline traffic behind the paired micro-batch)."""
     lines = []
     for axis, exposed in step.exposed_mb.items():
         total = step.comm_step.get(axis, 0.0)
@@ -150,7 +151,8 @@ def _overlap_lines(step: StageStep, m: int) -> list[dict[str, Any]]:
         lines.append({
             "axes": axis, "pass": "every micro-batch", "comm_s": total,
             "hidden_s": max(0.0, total - m * exposed), "exposed_s": m * exposed,
-            "behind": "the same micro-batch's compute" if total > m * exposed
+            "behind": f"the {'paired' if paired and axis in ('ep', 'pp') else 'same'} "
+            "micro-batch's compute" if total > m * exposed
             else "nothing: on the critical path",
         })  # fmt: skip
     return lines

@@ -16,7 +16,7 @@ vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings th
 ``ep`` (experts sharded over the ``dp x cp`` ranks, or folded over tp and dp: over every
 rank of a stage) with ``etp`` (each expert's FFN width split over tp); ``recompute``
 (selective or full); ``swap`` and ``loss_chunk``; ``pp`` with every schedule of
-``legato.schedule``, its stages laid out by the same appliers; 2-D tp (``tp=AxB``, the
+``legato.schedule`` but DualPipe (two model copies; refused in one line), its stages laid out by the same appliers; 2-D tp (``tp=AxB``, the
 planner's layout run op by op); ``dtype`` (fp16 with dynamic loss scaling), ``mbs``,
 ``gbs``. What is refused: the combinations of ``_check_runtime`` and
 ``check_tensor_parallel``, each with its reason (docs/training.md lists them). The keys
@@ -170,6 +170,12 @@ def resolve_job(
     tokens, batch sizes and dtype from the config (which the string, if it gives them,
     has already set): one-line errors naming the key for anything that cannot run."""
     strategy = parse_strategy(text)
+    if strategy.model_copies > 1:
+        raise ConfigError(
+            f"{FIELD}: schedule {strategy.schedule} is priced and simulated (legato predict, "
+            f"plan --schedules, schedule simulate) but the trainer does not run it; zb-v "
+            f"runs its V of two chunks with one model copy"
+        )
     keys = given_keys(text)
     dp = strategy.dp
     if "dp" not in keys:

@@ -52,6 +52,12 @@ MOE_OVERLAPS = (
 )
 
 
+# What the search can enumerate; by default all but DualPipe, which the trainer does not
+# run (gpipe and seq1f1b are dominated by 1f1b and svpp).
+SEARCHED_SCHEDULES = ("1f1b", "interleaved", "zb-h1", "zb-2p", "zb-v", "svpp", "dualpipe")
+DEFAULT_SCHEDULES = SEARCHED_SCHEDULES[:-1]
+
+
 @dataclass(frozen=True)
 class SearchSpace:
     """Knobs of the enumeration; the defaults are what ``legato plan`` searches."""
@@ -61,7 +67,7 @@ class SearchSpace:
     max_cp: int = 16
     min_cp_tokens: int = 1024
     max_mbs: int = 8
-    schedules: tuple[str, ...] = ("1f1b", "interleaved", "zb-h1", "zb-2p", "zb-v", "svpp")
+    schedules: tuple[str, ...] = DEFAULT_SCHEDULES
     vpp_choices: int = 2  # how many virtual-stage counts to try per pipeline degree
     svpp_slices: tuple[int, ...] = (2, 4)
     zero_stages: tuple[int, ...] = (1, 2, 3)
@@ -80,6 +86,12 @@ class SearchSpace:
             value = getattr(self, name)
             if value is not None and (not isinstance(value, int) or value < 1):
                 raise StrategyError(f"{name}: must be an integer >= 1, got {value!r}")
+        unknown = [name for name in self.schedules if name not in SEARCHED_SCHEDULES]
+        if unknown or not self.schedules:
+            raise StrategyError(
+                f"schedules: each must be one of {', '.join(SEARCHED_SCHEDULES)}, got "
+                f"{', '.join(self.schedules) or 'none'}"
+            )
 
 
 @dataclass(frozen=True)
@@ -169,6 +181,9 @@ def schedules(
             yield {"schedule": "interleaved", "vpp": v}
     if "zb-v" in names and (model.num_layers // shape.pp) % 2 == 0:
         yield {"schedule": "zb-v", "vpp": 2}
+    even = shape.pp % 2 == 0 and microbatches % 2 == 0
+    if "dualpipe" in names and even and microbatches >= 2 * shape.pp:
+        yield {"schedule": "dualpipe"}
     if "svpp" in names:
         for v in [1, *_vpps(model, shape.pp, 1)]:
             for k in space.svpp_slices:

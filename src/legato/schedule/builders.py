@@ -1,4 +1,5 @@
-"""Schedule builders: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-2p, ZB-V, Seq1F1B and SVPP.
+"""Schedule builders: GPipe, 1F1B, interleaved 1F1B, ZB-H1, ZB-2p, ZB-V, Seq1F1B, SVPP
+and DualPipe.
 
 Every builder returns a ``Schedule`` whose per-rank lists already contain the sends and
 receives. Sizes: p = ``stages`` (ranks), m = ``microbatches``, v = ``chunks`` per rank,
@@ -8,6 +9,7 @@ k = ``slices`` per micro-batch. Rules for what is valid:
 * interleaved needs v >= 2 and m % p == 0 (Megatron's rule: forwards go in rounds of p
   micro-batches per chunk);
 * ZB-V has exactly 2 chunks in the V shape;
+* DualPipe needs an even p and an even m >= 2p (the reference's rules);
 * a memory cap (SVPP, ZB-V; in slice units per rank) must be at least the dependency
   floor v*k: a micro-batch's first backward on a rank needs all of its v*k forward
   units there, and nothing of it is freed before.
@@ -33,7 +35,12 @@ from legato.schedule.dependencies import with_communication
 from legato.schedule.engine import ListScheduler
 from legato.schedule.errors import ScheduleError
 from legato.schedule.ir import Schedule, StagePlacement
-from legato.schedule.orders import gpipe_order, interleaved_order, one_f_one_b_order
+from legato.schedule.orders import (
+    dualpipe_order,
+    gpipe_order,
+    interleaved_order,
+    one_f_one_b_order,
+)
 from legato.schedule.slicing import slice_bounds
 from legato.specs.schedules import SCHEDULE_KINDS, SCHEDULES, ScheduleKind
 
@@ -190,6 +197,25 @@ def zb_v(
                 placement="v", costs=costs, name="zb-v")  # fmt: skip
 
 
+def dualpipe(stages: int, microbatches: int, *, w_subtasks: int = 1) -> Schedule:
+    """DualPipe: two model copies, micro-batches from both ends (``dualpipe_order``).
+
+    Its rules are the reference's: an even number of ranks, and an even number of
+    micro-batches, at least twice the ranks (m/2 per direction, >= p).
+    """
+    p, m = _positive("stages", stages), _positive("microbatches", microbatches)
+    g = _positive("w_subtasks", w_subtasks)
+    if p % 2:
+        raise ScheduleError(f"stages: dualpipe needs an even number of ranks, got {p}")
+    if m % 2 or m < 2 * p:
+        raise ScheduleError(
+            f"microbatches: dualpipe needs an even number, at least 2*stages = {2 * p} "
+            f"(half enter from each end), got {m}"
+        )
+    t = Schedule("dualpipe", StagePlacement(p, 2, "dual"), m, backward="split", w_subtasks=g)
+    return replace(t, ranks=with_communication(t, dualpipe_order(p, m, g)))
+
+
 def _taking(has: Callable[[ScheduleKind], bool]) -> tuple[str, ...]:
     return tuple(name for name, kind in SCHEDULE_KINDS.items() if has(kind))
 
@@ -210,8 +236,7 @@ def build_schedule(name: str, *, stages: int, microbatches: int, **options: Any)
     that are ``None``, are an error or ignored respectively."""
     builders = {
         "gpipe": gpipe, "1f1b": one_f_one_b, "interleaved": interleaved, "zb-h1": zb_h1,
-        "zb-2p": zb_2p,
-        "zb-v": zb_v, "seq1f1b": seq1f1b, "svpp": svpp,
+        "zb-2p": zb_2p, "zb-v": zb_v, "seq1f1b": seq1f1b, "svpp": svpp, "dualpipe": dualpipe,
     }  # fmt: skip
     if name not in builders:
         raise ScheduleError(f"schedule: must be one of {', '.join(SCHEDULES)}, got {name!r}")

@@ -3,7 +3,8 @@
 Convention: ``f``, ``b`` and ``w`` are the times of the forward, input-gradient and
 weight-gradient passes of one *whole micro-batch through one whole rank* (all its
 layers, all its tokens). An action on one of v chunks and one slice takes its share:
-``f / v * slice_work(j)``; a fused BW takes ``(b + w) / v * ...``. So every schedule of
+``f / v * slice_work(j)``; a fused BW takes ``(b + w) / v * ...``. (Under DualPipe's
+dual placement a micro-batch crosses one of a rank's two chunks: v counts as 1.) So every schedule of
 the same (p, m) does the same total work and bubbles compare directly. With the default
 f = b = w = 1 a fused backward costs 2 forwards, the classic t_b = 2 t_f.
 
@@ -80,7 +81,7 @@ class CostModel:
 
     def duration(self, a: Action, s: Schedule) -> float:
         """Compute time of one action (communication actions take no rank time)."""
-        bounds, j, v = s.slice_bounds, a.seq_slice, s.chunks
+        bounds, j, v = s.slice_bounds, a.seq_slice, s.chunks_per_pass
         attn = slice_work(bounds, j, self.attention_share)
         tokens = slice_work(bounds, j, 0.0)
         if a.kind == "F":

@@ -1,8 +1,9 @@
 """The dependency rules of the MEPipe note, shared by builders, validator and simulator.
 
-For a unit (micro-batch mb, slice j, virtual stage vs), with S virtual stages, k slices:
+For a unit (micro-batch mb, slice j, virtual stage vs), with k slices, along the stages
+of mb's route (all S virtual stages; one model copy under DualPipe's placement):
 
-* F(mb,j,vs) needs F(mb,j,vs-1) (its input) and F(mb,j-1,vs) (the K/V prefix of the
+* F(mb,j,vs) needs F(mb,j,vs-1) (its input, unless vs is the route's first stage) and F(mb,j-1,vs) (the K/V prefix of the
   earlier slices);
 * B(mb,j,vs) needs B(mb,j,vs+1) (its output gradient), F(mb,j,vs) (its activations) and
   B(mb,j+1,vs): slices go backward in reverse order, because each slice's attention
@@ -28,15 +29,16 @@ def backward_kind(s: Schedule) -> str:
 def producers(a: Action, s: Schedule) -> tuple[Action, ...]:
     """Compute actions whose results compute action ``a`` needs."""
     mb, vs, j = a.microbatch, a.stage, a.seq_slice
+    route = s.route(mb)
     if a.kind == "F":
-        out = [Action("F", mb, vs - 1, j)] if vs > 0 else []
+        out = [Action("F", mb, vs - 1, j)] if vs > route.start else []
         if j > 0:
             out.append(Action("F", mb, vs, j - 1))
         return tuple(out)
     if a.kind == "W":
         return (Action("B", mb, vs, j),)
     bk = backward_kind(s)
-    out = [Action(bk, mb, vs + 1, j)] if vs < s.num_stages - 1 else []
+    out = [Action(bk, mb, vs + 1, j)] if vs < route.stop - 1 else []
     out.append(Action("F", mb, vs, j))
     if j < s.slices - 1:
         out.append(Action(bk, mb, vs, j + 1))
@@ -46,16 +48,16 @@ def producers(a: Action, s: Schedule) -> tuple[Action, ...]:
 def consumers(a: Action, s: Schedule) -> tuple[Action, ...]:
     """Compute actions that need the result of compute action ``a`` (inverse of producers)."""
     mb, vs, j = a.microbatch, a.stage, a.seq_slice
-    bk = backward_kind(s)
+    bk, route = backward_kind(s), s.route(mb)
     if a.kind == "F":
-        out = [Action("F", mb, vs + 1, j)] if vs < s.num_stages - 1 else []
+        out = [Action("F", mb, vs + 1, j)] if vs < route.stop - 1 else []
         if j < s.slices - 1:
             out.append(Action("F", mb, vs, j + 1))
         out.append(Action(bk, mb, vs, j))
         return tuple(out)
     if a.kind == "W":
         return ()
-    out = [Action(bk, mb, vs - 1, j)] if vs > 0 else []
+    out = [Action(bk, mb, vs - 1, j)] if vs > route.start else []
     if j > 0:
         out.append(Action(bk, mb, vs, j - 1))
     if a.kind == "B":
@@ -74,7 +76,7 @@ def unit_actions(s: Schedule, mb: int, vs: int, j: int) -> tuple[Action, ...]:
 def compute_actions(s: Schedule) -> Iterator[Action]:
     """Every compute action the schedule must run exactly once."""
     for mb in range(s.microbatches):
-        for vs in range(s.num_stages):
+        for vs in s.route(mb):
             for j in range(s.slices):
                 yield from unit_actions(s, mb, vs, j)
 

@@ -67,11 +67,13 @@ class ListScheduler:
         self.s, self.costs, self.cap, self.reserve = template, costs, cap, reserve
         self.fixed = order is not None
         place, per_unit = template.placement, len(unit_actions(template, 0, 0, 0))
-        units_weight = template.chunks * sum(map(template.unit_weight, range(template.slices)))
+        units_weight = template.chunks_per_pass * sum(
+            map(template.unit_weight, range(template.slices))
+        )
         self.whole = units_weight  # one micro-batch on one rank: v*k slice units
         m, k = template.microbatches, template.slices
         self.ranks = [
-            _Rank([units_weight] * m, [0.0] * m, left=m * template.chunks * k * per_unit)
+            _Rank([units_weight] * m, [0.0] * m, left=m * template.chunks_per_pass * k * per_unit)
             for _ in range(template.stages)
         ]
         if order is not None:
@@ -80,7 +82,8 @@ class ListScheduler:
         self.end: dict[Action, float] = {}
         self.w_left: dict[tuple[int, int, int], int] = {}
         for mb in range(m):
-            self.ranks[place.rank(0)].ready[Action("F", mb, 0, 0)] = 0.0
+            entry = template.route(mb).start
+            self.ranks[place.rank(entry)].ready[Action("F", mb, entry, 0)] = 0.0
 
     # --- decisions -------------------------------------------------------------------
     def _admissible(self, d: int, a: Action) -> bool:

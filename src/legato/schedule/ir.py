@@ -14,6 +14,11 @@ virtual stage ``vs``):
 * ``SEND_B``/``RECV_B`` move the input gradient of stage ``vs`` to stage ``vs - 1``:
   ``SEND_B`` is tagged with the producing stage, ``RECV_B`` with the consuming stage.
 
+Every micro-batch runs every virtual stage in order, except under the ``dual`` placement
+(DualPipe): there the model is held twice, stages ``0..p-1`` down the ranks and stages
+``p..2p-1`` (the second copy) back up, and a micro-batch crosses only one copy: the first
+half of the micro-batches the first, the second half the second (``Schedule.route``).
+
 Sends are asynchronous (isend); a receive blocks its rank until the message has arrived.
 Stages next to each other on the same rank (the tip of the V shape) exchange tensors
 locally, with no send or receive.
@@ -93,24 +98,36 @@ class StagePlacement:
     ``interleaved``: chunk c of rank d is virtual stage c*p + d (Megatron).
     ``v``: even chunks run down the ranks, odd chunks back up (chunk 1 of rank d is
     stage 2p - 1 - d), so with 2 chunks rank 0 holds the first and the last stage (ZB-V).
+    ``dual``: the V's ranks for two copies of a p-stage model (DualPipe): chunk 0 of rank
+    d is stage d of the first copy, chunk 1 stage p + (p - 1 - d) of the second, which
+    is the model's stage p - 1 - d; a micro-batch crosses one copy, one chunk per rank.
     """
 
     ranks: int
     chunks: int = 1
-    shape: Literal["interleaved", "v"] = "interleaved"
+    shape: Literal["interleaved", "v", "dual"] = "interleaved"
 
     def __post_init__(self) -> None:
         if self.ranks < 1 or self.chunks < 1:
             raise ScheduleError(f"placement: ranks and chunks must be >= 1, got {self}")
-        if self.shape not in ("interleaved", "v"):
-            raise ScheduleError(f"placement: must be 'interleaved' or 'v', got {self.shape!r}")
+        if self.shape not in ("interleaved", "v", "dual"):
+            raise ScheduleError(
+                f"placement: must be 'interleaved', 'v' or 'dual', got {self.shape!r}"
+            )
+        if self.shape == "dual" and self.chunks != 2:
+            raise ScheduleError(f"placement: dual holds 2 chunks per rank, got {self.chunks}")
 
     @property
     def num_stages(self) -> int:
         return self.ranks * self.chunks
 
+    @property
+    def chunks_per_pass(self) -> int:
+        """Chunks of one rank a micro-batch runs: all of them, one under ``dual``."""
+        return 1 if self.shape == "dual" else self.chunks
+
     def _reversed(self, chunk: int) -> bool:
-        return self.shape == "v" and chunk % 2 == 1
+        return self.shape in ("v", "dual") and chunk % 2 == 1
 
     def stage(self, rank: int, chunk: int) -> int:
         offset = self.ranks - 1 - rank if self._reversed(chunk) else rank
@@ -158,6 +175,11 @@ class Schedule:
                 f"slice_bounds: need {self.slices + 1} cut points for {self.slices} slices, "
                 f"got {len(self.slice_bounds)}"
             )
+        if self.placement.shape == "dual" and self.microbatches % 2:
+            raise ScheduleError(
+                f"microbatches: the dual placement sends half each way, needs an even "
+                f"number, got {self.microbatches}"
+            )
         b = self.slice_bounds
         if b[0] != 0.0 or b[-1] != 1.0 or any(y <= x for x, y in pairwise(b)):
             raise ScheduleError(f"slice_bounds: must rise from 0 to 1, got {list(b)}")
@@ -175,6 +197,18 @@ class Schedule:
     @property
     def num_stages(self) -> int:
         return self.placement.num_stages
+
+    @property
+    def chunks_per_pass(self) -> int:
+        """Chunks of a rank one micro-batch runs (``v``; 1 under the dual placement)."""
+        return self.placement.chunks_per_pass
+
+    def route(self, microbatch: int) -> range:
+        """The virtual stages ``microbatch`` runs, in order."""
+        if self.placement.shape != "dual":
+            return range(self.num_stages)
+        p = self.stages
+        return range(p, 2 * p) if microbatch >= self.microbatches // 2 else range(p)
 
     @property
     def fused(self) -> bool:

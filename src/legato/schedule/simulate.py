@@ -134,13 +134,14 @@ class SimResult:
     @property
     def peak_fraction(self) -> tuple[float, ...]:
         s = self.schedule
-        return tuple(u / (s.stages * s.chunks * s.slices) for u in self.peak_units)
+        return tuple(u / (s.stages * s.chunks_per_pass * s.slices) for u in self.peak_units)
 
     @property
     def peak_bytes(self) -> tuple[float, ...] | None:
         if not self.microbatch_activation_bytes:
             return None
-        per_unit = self.microbatch_activation_bytes / (self.schedule.chunks * self.schedule.slices)
+        s = self.schedule
+        per_unit = self.microbatch_activation_bytes / (s.chunks_per_pass * s.slices)
         return tuple(u * per_unit for u in self.peak_units)
 
     def compute_actions(self) -> Iterator[tuple[int, TimedAction]]:

@@ -26,6 +26,7 @@ class ScheduleKind:
     split_backward: bool = False  # B (input gradient) and W (weight gradient) apart
     memory_cap: bool = False  # takes an in-flight memory cap
     cost_driven: bool = False  # its order is found from per-op costs (list scheduler)
+    model_copies: int = 1  # DualPipe holds the model twice, one copy per direction
 
     def chunks_for(self, vpp: int) -> int:
         """Chunks per rank for a strategy's ``vpp``."""
@@ -50,8 +51,12 @@ SCHEDULE_KINDS: dict[str, ScheduleKind] = {
             memory_cap=True,
             cost_driven=True,
         ),
+        ScheduleKind("dualpipe", chunks=2, split_backward=True, model_copies=2),
     )
 }
 SCHEDULES = tuple(SCHEDULE_KINDS)
-# Schedules that hold more than one chunk per rank (vpp > 1 or a fixed V).
-MULTI_CHUNK = tuple(name for name, kind in SCHEDULE_KINDS.items() if kind.chunks != 1)
+# Schedules that cut a rank's share into more than one chunk (vpp > 1 or a fixed V);
+# DualPipe's two chunks are two copies of one share (its strategy says vpp=1).
+MULTI_CHUNK = tuple(
+    name for name, kind in SCHEDULE_KINDS.items() if kind.chunks != 1 and kind.model_copies == 1
+)

@@ -30,7 +30,7 @@ from typing import Literal
 from legato.errors import LegatoError
 from legato.specs.limits import MAX_BATCH, MAX_DEVICES, MAX_SIZE, MAX_STEPS, check_at_most
 from legato.specs.model import ModelSpec
-from legato.specs.schedules import MULTI_CHUNK, SCHEDULES
+from legato.specs.schedules import MULTI_CHUNK, SCHEDULE_KINDS, SCHEDULES
 from legato.specs.typed import FLAG_WORDS, key_value_items
 
 
@@ -150,6 +150,12 @@ class Strategy:
         """Micro-batches per step on each pipeline (data-parallel replica)."""
         return self.gbs // (self.mbs * self.dp)
 
+    @property
+    def model_copies(self) -> int:
+        """Copies of its share of the model a pipeline device holds: 2 under DualPipe
+        (one per direction; each micro-batch crosses one), else 1."""
+        return SCHEDULE_KINDS[self.schedule].model_copies
+
     def check(self, model: ModelSpec, devices: int | None = None) -> None:
         """Raise StrategyError naming the first constraint this strategy violates."""
         if devices is not None and self.world_size != devices:
@@ -180,6 +186,14 @@ class Strategy:
                 f"strategy: {self.schedule} needs at least pp={self.pp} micro-batches per "
                 f"step, got gbs/(mbs*dp) = {self.num_microbatches}"
             )
+        if self.schedule == "dualpipe":
+            m = self.num_microbatches
+            if self.pp % 2 or m % 2 or m < 2 * self.pp or self.vpp > 1 or self.slices > 1:
+                raise StrategyError(
+                    f"strategy: dualpipe needs an even pp, an even number of micro-batches "
+                    f"of at least 2*pp (half enter from each end), vpp=1 and slices=1, got "
+                    f"pp={self.pp}, gbs/(mbs*dp) = {m}, vpp={self.vpp}, slices={self.slices}"
+                )
         if self.vpp > 1 and self.schedule not in MULTI_CHUNK:
             raise StrategyError(
                 f"strategy: vpp={self.vpp} needs schedule {', '.join(MULTI_CHUNK[:-1])} or "
