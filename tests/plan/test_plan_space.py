@@ -131,9 +131,11 @@ def test_moe_overlap_variants_only_with_expert_parallelism():
 def test_presets_give_a_sensible_space_size():
     model = load_model("llama3-405b")
     found = list(shapes(model, 16384, SearchSpace(), max_tp=8))
-    assert {s.pp for s in found} == {1, 2}  # 126 layers: pp must divide 126 and 16384
+    assert {s.pp for s in found if not s.edges} == {1, 2}  # dividing 126 and 16384
+    # with the embedding and the loss as layers of the split (Llama 3's own pp=16)
+    assert {s.pp for s in found if s.edges} == {4, 8, 16, 32, 64, 128}
     assert max(s.tp for s in found) == 8
-    assert len(found) < 100
+    assert len(found) < 250
 
 
 def test_svpp_memory_caps_follow_no_and_full_recompute():

@@ -1,3 +1,5 @@
+import re
+
 import pytest
 
 from legato.specs.registry import load_model
@@ -108,3 +110,40 @@ def test_expert_parallelism_folds_over_tensor_parallel_ranks_when_dp_cp_is_too_s
     ]:
         with pytest.raises(StrategyError, match=fragment):
             Strategy.parse(text).check(qwen, 256)
+
+
+def test_megatrons_uneven_pipeline_splits():
+    """The first/last rank's blocks given (the rest split evenly), or the embedding and
+    the loss counted as layers (their stages hold one block fewer, none when one deep):
+    Llama 3 405B's 126 layers + embedding + head fill 16 x 8 one-layer chunks."""
+    from legato.specs.strategy import stage_layers
+
+    def split(layers: int, text: str) -> tuple[int, ...]:
+        return stage_layers(layers, Strategy.parse(f"{text},gbs=64"))
+
+    llama = split(126, "pp=16,vpp=8,schedule=interleaved,embedding_stage=1,loss_stage=1")
+    assert llama == (0, *[1] * 126, 0)
+    assert split(61, "pp=16,first_stage_layers=1") == (1, *[4] * 15)  # DeepSeek-V3's 61
+    assert split(30, "pp=4,first_stage_layers=6,last_stage_layers=6") == (6, 9, 9, 6)
+    assert split(4, "pp=2,schedule=interleaved,vpp=2,loss_stage=1") == (2, 1, 1, 0)
+    # ZB-V: rank 0 holds virtual stages 0 and 2p - 1, and gives each its share
+    assert split(14, "pp=4,schedule=zb-v,vpp=2,first_stage_layers=2") == (1, 2, 2, 2, 2, 2, 2, 1)
+    assert split(10, "pp=2") == (5, 5)  # balanced when none is given
+
+
+@pytest.mark.parametrize(
+    ("layers", "text", "fragment"),
+    [
+        (4, "pp=2,first_stage_layers=4", "leave 0 of num_layers (4) to the other 1"),
+        (5, "pp=3,first_stage_layers=2", "they must split them evenly"),
+        (4, "pp=2,embedding_stage=1,first_stage_layers=1", "not both (as Megatron-LM)"),
+        (4, "embedding_stage=1", "they need pp > 1"),
+        (2, "pp=2,schedule=interleaved,vpp=2,first_stage_layers=1", "without a layer"),
+    ],
+)
+def test_uneven_splits_that_cannot_be_built_are_one_line_errors(layers, text, fragment):
+    from legato.specs.strategy import stage_layers
+
+    with pytest.raises(StrategyError, match=re.escape(fragment)) as err:
+        stage_layers(layers, Strategy.parse(f"{text},gbs=8"))
+    assert "\n" not in str(err.value)

@@ -47,9 +47,9 @@ class DPTraffic:
     exposed), the compute lost to contention, and one line per pass kind of what hid
     behind what."""
 
-    traffic: list[Traffic]
+    traffic: tuple[Traffic, ...]
     contention_s: float
-    overlap: list[dict[str, Any]]
+    overlap: tuple[dict[str, Any], ...]
 
 
 def linear_shares(model: ModelSpec, layer: int) -> list[float]:
@@ -75,7 +75,7 @@ def dp_traffic(ctx: Any, pieces: Sequence[Piece], shares: dict[str, list[float]]
     s, runtime = ctx.strategy, ctx.runtime
     axes = [a for a in (("dp", "edp") if s.ep > 1 else ("dp",)) if ctx.axes[a].size > 1]
     if not axes:
-        return DPTraffic([], 0.0, [])
+        return DPTraffic((), 0.0, ())
     units = [
         (DeviceParams(p.params.dense * x, p.params.experts * x), p.fwd_s * x, p.bwd_s * x)
         for p in pieces
@@ -122,12 +122,12 @@ def dp_traffic(ctx: Any, pieces: Sequence[Piece], shares: dict[str, list[float]]
             "behind": f"{name} compute of {len(units)} {runtime.param_unit} units, "
                       f"{_prefetch(runtime)}",
         })  # fmt: skip
-    traffic = [
+    traffic = tuple(
         Traffic(a, ctx.axes[a].level.name, comm * x, hidden * x, exposed * x)
         for a, x in _proportions(per_axis).items()
-    ]
+    )
     contention = hidden * runtime.comm_sm_share / (1 - runtime.comm_sm_share)
-    return DPTraffic(traffic, contention, overlap)
+    return DPTraffic(traffic, contention, tuple(overlap))
 
 
 def _on_axis(params: DeviceParams, axis: str, expert_axis: bool) -> float:

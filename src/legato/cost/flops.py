@@ -15,6 +15,7 @@ diagonal included: what a causal kernel computes) or ``S*S`` with ``causal=False
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
+from functools import cache
 
 from legato.specs.model import ModelSpec
 from legato.specs.params import attention_params, mlp_params
@@ -88,6 +89,7 @@ def _block_flops(
     return FlopBreakdown(**parts)
 
 
+@cache  # the planner asks for the same few shapes for thousands of candidates
 def forward_flops(
     spec: ModelSpec, batch: int, seq_len: int, *, causal: bool = True
 ) -> FlopBreakdown:

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from legato.cost.compute import DeviceModel, Gemm
 from legato.cost.runtime import Runtime, activation_bytes, kernels_per_pass, op_bytes
@@ -74,6 +75,7 @@ def head_dims(model: ModelSpec) -> tuple[int, int]:
     return model.mla.qk_nope_head_dim + model.mla.qk_rope_head_dim, model.mla.v_head_dim
 
 
+@lru_cache(maxsize=4096)  # pure; the planner asks again for every memory setting
 def layer_work(
     model: ModelSpec,
     is_moe: bool,
@@ -168,6 +170,7 @@ def _fused_attention(
     return kernel(q, True) + (c - 1) * kernel(q / 2, False)
 
 
+@lru_cache(maxsize=4096)  # pure; each prediction asks for its edges several times
 def edge_work(
     model: ModelSpec,
     strategy: Strategy,

@@ -39,11 +39,11 @@ ASSUMPTIONS = {
     "run on the same 2240 GPUs) and 3 chunks per device (Table 5's 530B layout)",
     "Smith2022": "DeepSpeed pipeline engine: plain 1F1B, gradients reduced after the "
     "pipeline drains; materialised attention with dropout; no SP",
-    "Llama3": "126 layers run as 128-layer stages (the paper drops one layer from the first "
-    "and last stage, which hold the embedding and head): time a 128-layer model, count "
-    "FLOPs of 126; FSDP that keeps weights gathered through the step = ZeRO-2; SP on; "
-    "interleaved with 8 one-layer chunks per device (the paper's first chunk holds only the "
-    "embedding, so 126 layers + embedding + head fill 16 x 8 chunks); MBS 1; recompute not reported and the paper "
+    "Llama3": "the embedding and the head count as layers of the pipeline split (the paper "
+    "drops one layer from the first and last stage, which hold them: Megatron's "
+    "embedding_stage and loss_stage); FSDP that keeps weights gathered through the step = "
+    "ZeRO-2; SP on; interleaved with 8 one-layer chunks per device (126 layers + embedding + "
+    "head fill 16 x 8 chunks, the first holding only the embedding); MBS 1; recompute not reported and the paper "
     "saves memory by stage balancing instead: none; RoCE 400 Gb/s per GPU between nodes",
     "torchtitan": "FSDP2 full shard = ZeRO-3 under the torchtitan runtime profile (fp32 "
     "gradient reduction, eager elementwise ops: torch.compile was off by default); "
@@ -187,9 +187,8 @@ def build_case(row: dict[str, str]) -> Case:
         if not row["GBS"]:  # the text row: MT-NLG's batch and Table 5's 530B layout
             fields.update(gbs=1920, vpp=3)
     elif family == "Llama3":
-        model = model.with_(num_layers=128)
         runtime, overlap = Runtime(), True
-        fields.update(sp=True, zero=2, vpp=8)
+        fields.update(sp=True, zero=2, vpp=8, embedding_stage=True, loss_stage=True)
     elif family == "torchtitan":
         policy = {"selective op": "ops", "selective layer": "blocks"}.get(recompute, "attention")
         runtime = parse_runtime({"profile": "torchtitan", "selective": policy})

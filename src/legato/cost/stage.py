@@ -16,12 +16,13 @@ the collective holds (``Runtime.comm_sm_share``: ``contention``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
+from functools import lru_cache
 
 from legato.cost.calibration import Calibration
 from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel
-from legato.cost.data_parallel import Piece, dp_traffic, linear_shares
+from legato.cost.data_parallel import DPTraffic, Piece, dp_traffic, linear_shares
 from legato.cost.exposed_comm import Traffic, exposed_seconds
 from legato.cost.layer import Comm, LayerWork, edge_work, layer_work
 from legato.cost.memory import (
@@ -43,7 +44,7 @@ from legato.cost.xtuner_terms import block_stored, chunked_logits_bytes, swap_re
 from legato.specs.cluster import ClusterSpec
 from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
-from legato.specs.strategy import Strategy, layer_ranges
+from legato.specs.strategy import Strategy, stage_layers
 
 TP_AXES = ("tp", "tp_x", "tp_y")
 CRITICAL = (*TP_AXES, "pp", "ep")  # ep: what its schedule leaves exposed
@@ -173,12 +174,13 @@ def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
     """Every pipeline device in order: chunk ``c p + r`` on device ``r`` (interleaved,
     SVPP), chunks ``r`` and ``2p - 1 - r`` for ZB-V's V shape (so device 0 holds both the
     embedding and the LM head), and for DualPipe stages ``r`` and ``p - 1 - r`` of a
-    ``p``-stage split, one per model copy (devices 0 and p - 1 hold both edges). An
-    uneven split puts the extra layers on the earliest chunks (``layer_ranges``)."""
-    p, chunks = s.pp, s.pp * s.vpp
+    ``p``-stage split, one per model copy (devices 0 and p - 1 hold both edges). Blocks per
+    chunk as the runtime builds them (``stage_layers``: balanced, the extra layers on the
+    earliest chunks, or the strategy's uneven split)."""
+    p = s.pp
     dual = s.model_copies > 1
-    ranges = layer_ranges(model.num_layers, p if dual else chunks)
-    moe_in_chunk = [sum(model.is_moe_layer(i) for i in layers) for layers in ranges]
+    counts = stage_layers(model.num_layers, s)
+    moe_in_chunk = _moe_layers_per_chunk(model, counts)
     v_shape = s.schedule == "zb-v" and s.vpp == 2
     stages = []
     for r in range(p):
@@ -189,8 +191,19 @@ def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
             mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(s.vpp)]
             first, last = r == 0, (r == 0 if v_shape else r == p - 1)
         moe = sum(moe_in_chunk[c] for c in mine)
-        stages.append(Stage(sum(len(ranges[c]) for c in mine) - moe, moe, first, last))
+        stages.append(Stage(sum(counts[c] for c in mine) - moe, moe, first, last))
     return stages
+
+
+@lru_cache(maxsize=1024)
+def _moe_layers_per_chunk(model: ModelSpec, counts: tuple[int, ...]) -> tuple[int, ...]:
+    if model.moe is None:
+        return (0,) * len(counts)
+    starts = [sum(counts[:i]) for i in range(len(counts))]
+    return tuple(
+        sum(model.is_moe_layer(i) for i in range(start, start + n))
+        for start, n in zip(starts, counts, strict=True)
+    )
 
 
 def _held(ctx: Context, stage: Stage) -> DeviceParams:
@@ -269,7 +282,7 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         for axis, t in comm.items()
     ]
     held = _held(ctx, stage)
-    dp = dp_traffic(ctx, _pieces(ctx, stage), ctx.shares)
+    dp = _data_parallel(ctx, stage)
     traffic += dp.traffic
     exposed = exposed_seconds(traffic, span=m * (fwd + bwd + recompute))
     exposed_mb = {axis: exposed[axis] / m for axis in comm}
@@ -303,7 +316,7 @@ def stage_step(ctx: Context, stage: Stage) -> StageStep:
         contention_mb=contention_mb * per_mb,
         contention_step=dp.contention_s,
         classes_mb={k: t * per_mb for k, t in _classes(edge, counts, fwd + bwd).items()},
-        overlap=tuple(dp.overlap),
+        overlap=tuple(dict(line) for line in dp.overlap),  # the memo's stay as they are
     )
 
 
@@ -324,6 +337,39 @@ def _copies_sum(ctx: Context, held: DeviceParams) -> float:
     nbytes = params * grad_bytes(s, ctx.runtime)
     link = ctx.axes["pp"].link("all_reduce")
     return collective_time("all_reduce", nbytes, 2, link, ctx.device.profile)
+
+
+# Strategy fields a device's pieces and their data-parallel traffic depend on: all but
+# those that only order the pipeline's micro-batches (schedule, vpp, slices, memory_cap;
+# the model copies the schedule keeps, DualPipe's two, enter the key apart) and those
+# that only hide expert-parallel all-to-alls (moe_overlap and its pieces).
+_NOT_DP = ("schedule", "vpp", "slices", "memory_cap", "moe_overlap", "moe_chunks", "moe_groups")
+_DP_FIELDS = tuple(f.name for f in fields(Strategy) if f.name not in _NOT_DP)
+_DP_MEMO: dict[tuple, DPTraffic] = {}
+_DP_MEMO_SIZE = 8192
+
+
+def _data_parallel(ctx: Context, stage: Stage) -> DPTraffic:
+    """``dp_traffic`` of the device holding ``stage``, memoised on everything its pieces
+    and their collectives derive from: the planner scores each device layout under many
+    schedules, and simulating its passes unit by unit is most of a prediction's time."""
+    s = ctx.strategy
+    key = (
+        stage,
+        ctx.model,
+        s.model_copies,
+        *(getattr(s, name) for name in _DP_FIELDS),
+        ctx.runtime,
+        ctx.calibration,
+        ctx.device,
+        ctx.overlap,
+        tuple(ctx.axes.items()),
+    )
+    if key not in _DP_MEMO:
+        if len(_DP_MEMO) >= _DP_MEMO_SIZE:
+            _DP_MEMO.clear()
+        _DP_MEMO[key] = dp_traffic(ctx, _pieces(ctx, stage), ctx.shares)
+    return _DP_MEMO[key]
 
 
 def _classes(edge: LayerWork, counts: list[tuple[LayerWork, int]], total: float) -> dict:

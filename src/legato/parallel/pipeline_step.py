@@ -52,6 +52,7 @@ from legato.parallel.pipeline import IGNORE_INDEX, PipelineRunner, build_stages
 from legato.parallel.pipeline.forward_only import forward_loss
 from legato.parallel.process_group import DistContext
 from legato.schedule import token_bounds
+from legato.specs.strategy import stage_layers
 
 
 class PipelineStep:
@@ -73,7 +74,8 @@ class PipelineStep:
         many = job.gradient_ranks > 1
         self.gradient_group = submesh(mesh, GRADIENT_DIM).get_group() if many else None
         self.schedule = job.schedule or pipeline_schedule(strategy)
-        self.stages = build_stages(model, self.schedule.placement, self.pp_rank)
+        counts = stage_layers(model.spec.num_layers, strategy)  # the cost model's split
+        self.stages = build_stages(model, self.schedule.placement, self.pp_rank, counts)
         # FSDP2 shards each stage in place: the stages (and the model) keep their modules
         self.laid_out = [parallelize(stage, job, mesh) for stage in self.stages.values()]
         self.sharded = any(isinstance(p.module, FSDPModule) for p in self.laid_out)

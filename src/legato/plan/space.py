@@ -8,8 +8,11 @@ The space is kept finite and sensible by rules a practitioner would apply anyway
   ``tp_x x tp_y`` (both powers of two, ``tp >= 4``) for dense models;
 * sequence parallelism is on whenever ``tp > 1`` (same bytes as the all-reduce, less
   activation memory), and ZeRO-1 replaces plain data parallelism (same bytes again);
-* pipeline degrees are the divisors of the layer count that divide the devices left;
-  virtual stages are the two smallest divisors ``>= 2`` of the layers per stage;
+* pipeline degrees are the divisors of the layer count that divide the devices left, and
+  those of the layer count plus two that it does not divide, with the embedding and the
+  loss counted as layers of the split (Megatron's ``account-for-embedding/loss``: Llama 3
+  405B's 126 layers on 16 stages); virtual stages are the two smallest divisors ``>= 2`` of
+  the layers (or slots) per stage;
 * context parallelism is a power of two keeping >= ``min_cp_tokens`` tokens per rank;
   expert parallelism any divisor of the expert count that divides ``dp * cp`` or, with
   ``tp > 1``, ``tp * dp * cp`` (Megatron-Core's folding over the tensor-parallel ranks;
@@ -104,6 +107,11 @@ class Shape:
     pp: int
     cp: int
     ep: int
+    edges: bool = False  # the embedding and the loss count as layers of the pipeline split
+
+    def slots(self, model: ModelSpec) -> int:
+        """Layers of the pipeline split: the blocks, plus the embedding and loss as two."""
+        return model.num_layers + 2 * self.edges
 
 
 def fast_domain(cluster: ClusterSpec) -> int:
@@ -138,7 +146,9 @@ def shapes(model: ModelSpec, devices: int, space: SearchSpace, max_tp: int) -> I
         splits = [1]
         if space.two_d_tp and model.moe is None and tp >= 4:
             splits += [y for y in _powers_of_two(tp // 2) if y >= 2]
-        for pp in _divisors(model.num_layers):
+        depths = [(pp, False) for pp in _divisors(model.num_layers)]
+        depths += [(pp, True) for pp in _divisors(model.num_layers + 2) if model.num_layers % pp]
+        for pp, edges in depths:
             if (devices // tp) % pp or pp > (space.max_pp or pp):
                 continue
             for cp in cps:
@@ -155,11 +165,11 @@ def shapes(model: ModelSpec, devices: int, space: SearchSpace, max_tp: int) -> I
                     eps = [e for e in common if space.min_ep <= e <= (space.max_ep or e)]
                 for tp_y in splits:
                     for ep in eps:
-                        yield Shape(dp, tp, tp_y, pp, cp, ep)
+                        yield Shape(dp, tp, tp_y, pp, cp, ep, edges)
 
 
-def _vpps(model: ModelSpec, pp: int, count: int) -> list[int]:
-    per_stage = model.num_layers // pp
+def _vpps(model: ModelSpec, shape: Shape, count: int) -> list[int]:
+    per_stage = shape.slots(model) // shape.pp
     return [v for v in _divisors(per_stage) if v >= 2][:count]
 
 
@@ -177,15 +187,15 @@ def schedules(
         if name in names:
             yield {"schedule": name}
     if "interleaved" in names and microbatches % shape.pp == 0:
-        for v in _vpps(model, shape.pp, space.vpp_choices):
+        for v in _vpps(model, shape, space.vpp_choices):
             yield {"schedule": "interleaved", "vpp": v}
-    if "zb-v" in names and (model.num_layers // shape.pp) % 2 == 0:
+    if "zb-v" in names and (shape.slots(model) // shape.pp) % 2 == 0:
         yield {"schedule": "zb-v", "vpp": 2}
     even = shape.pp % 2 == 0 and microbatches % 2 == 0
     if "dualpipe" in names and even and microbatches >= 2 * shape.pp:
         yield {"schedule": "dualpipe"}
     if "svpp" in names:
-        for v in [1, *_vpps(model, shape.pp, 1)]:
+        for v in [1, *_vpps(model, shape, 1)]:
             for k in space.svpp_slices:
                 if model.seq_len % (k * shape.cp) == 0:
                     yield {"schedule": "svpp", "vpp": v, "slices": k}
@@ -218,6 +228,8 @@ def strategy_of(shape: Shape, options: dict, gbs: int, space: SearchSpace) -> St
         zero=1 if shape.dp * shape.cp > 1 else 0,
         gbs=gbs,
         dtype=space.dtype,
+        embedding_stage=shape.edges,
+        loss_stage=shape.edges,
         **options,
     )
 

@@ -177,7 +177,11 @@ class ModelSpec:
 
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        """Layers ``is_moe_layer`` says are MoE, counted without walking them (the cost
+        model asks for every candidate): every ``layer_freq``-th after the dense ones."""
+        if self.moe is None or self.num_layers <= self.moe.first_dense_layers:
+            return 0
+        return -(-(self.num_layers - self.moe.first_dense_layers) // self.moe.layer_freq)
 
     @property
     def is_moe(self) -> bool:

@@ -10,8 +10,9 @@ runtime and its tests see.
 ``examples``: strategy strings that turn the key on over 2 processes (4 for ``tp=2x2``),
 with no other key than those the example needs; values the runtime runs alike (zb-2p
 as zb-h1, 1f1b as gpipe) are left to one of them. ``needs_moe``: the key only means
-something on an MoE model. ``legato train`` runs every value of every key; what it
-refuses are combinations (``parallel.job``), each with its reason.
+something on an MoE model. ``legato train`` runs every value of every key but
+``schedule=dualpipe`` (two model copies; priced and simulated, refused in one line); what
+it refuses are combinations (``parallel.job``), each with its reason.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ PRICED_KEYS: tuple[PricedKey, ...] = (
     PricedKey("vpp", ("pp=2,schedule=interleaved,vpp=2",)),
     PricedKey("slices", ("pp=2,schedule=seq1f1b,slices=2",)),
     PricedKey("memory_cap", ("pp=2,schedule=svpp,slices=2,memory_cap=4",)),
+    # Megatron-LM's uneven splits (4 blocks: 1|3, 3|1, embedding+2|2, 2|1|1|loss)
+    PricedKey("first_stage_layers", ("pp=2,first_stage_layers=1",)),
+    PricedKey("last_stage_layers", ("pp=2,last_stage_layers=1",)),
+    PricedKey("embedding_stage", ("pp=2,embedding_stage=1",)),
+    PricedKey("loss_stage", ("pp=2,schedule=interleaved,vpp=2,loss_stage=1",)),
     # folded over the tp ranks (ep = dp*cp*tp, Megatron-Core's parallel folding) as well
     PricedKey("ep", ("ep=2", "tp=2,sp=1,ep=2"), needs_moe=True),
     PricedKey("moe_overlap", ("ep=2,moe_overlap=domino,moe_chunks=2",), needs_moe=True),

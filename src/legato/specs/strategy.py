@@ -20,11 +20,20 @@ local rows first, then ``moe_chunks`` remote pieces with the second GEMM in
 memory) and ``loss_chunk`` (tokens per chunk of the LM head + loss; 0 = unchunked).
 ``dtype="fp8"`` is tile-wise FP8 for the block linears (attention, router and LM head
 stay in bf16).
+
+Pipeline stages are balanced by default (``layer_ranges``). Megatron-LM's uneven splits,
+which published runs use, are four keys (``stage_layers`` applies them):
+``first_stage_layers`` / ``last_stage_layers`` (``--decoder-first/last-pipeline-num-layers``:
+the blocks of the first / last pipeline rank, the others split the rest evenly) and
+``embedding_stage`` / ``loss_stage`` (``--account-for-embedding/loss-in-pipeline-split``:
+the embedding / the LM head and loss count as one layer of the split, so the first /
+last virtual stage holds one block fewer, none when a stage is one layer deep).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
+from functools import cache
 from typing import Literal
 
 from legato.errors import LegatoError
@@ -44,7 +53,7 @@ MoEOverlap = Literal["none", "domino", "comet"]
 RECOMPUTE = ("none", "selective", "full")
 DTYPES = ("fp32", "fp16", "bf16", "fp8")
 MOE_OVERLAPS = ("none", "domino", "comet")
-BOOLEANS = ("sp", "swap")
+BOOLEANS = ("sp", "swap", "embedding_stage", "loss_stage")
 ALWAYS_WRITTEN = ("dp", "tp", "pp", "zero", "mbs", "gbs", "dtype")
 LOOSE_M = ("gpipe", "1f1b")  # schedules that run any number of micro-batches
 # Largest value of each integer key (see legato.specs.limits for why these).
@@ -52,6 +61,7 @@ UPPER_BOUNDS = {
     **dict.fromkeys(("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp"), MAX_DEVICES),
     **dict.fromkeys(("mbs", "gbs"), MAX_BATCH),
     **dict.fromkeys(("slices", "memory_cap", "moe_chunks", "moe_groups"), MAX_SIZE),
+    **dict.fromkeys(("first_stage_layers", "last_stage_layers"), MAX_SIZE),
     "loss_chunk": MAX_STEPS,
 }
 
@@ -87,17 +97,22 @@ class Strategy:
     moe_groups: int = 1
     swap: bool = False
     loss_chunk: int = 0  # tokens per LM-head/loss chunk; 0 = all tokens at once
+    first_stage_layers: int = 0  # blocks on the first pipeline rank; 0 = balanced
+    last_stage_layers: int = 0  # blocks on the last pipeline rank; 0 = balanced
+    embedding_stage: bool = False  # the embedding counts as a layer of the split
+    loss_stage: bool = False  # the LM head and loss count as a layer of the split
 
     def __post_init__(self) -> None:
         positive = ("dp", "tp", "tp_y", "pp", "vpp", "cp", "ep", "etp", "mbs", "gbs", "slices")
         for name in (*positive, "moe_chunks", "moe_groups"):
             if getattr(self, name) < 1:
                 raise StrategyError(f"strategy.{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("memory_cap", "loss_chunk"):
+        for name in ("memory_cap", "loss_chunk", "first_stage_layers", "last_stage_layers"):
             if getattr(self, name) < 0:
                 raise StrategyError(f"strategy.{name} must be >= 0, got {getattr(self, name)}")
+        zero_ok = ("memory_cap", "loss_chunk", "first_stage_layers", "last_stage_layers")
         for name, bound in UPPER_BOUNDS.items():
-            low = 0 if name in ("memory_cap", "loss_chunk") else 1
+            low = 0 if name in zero_ok else 1
             check_at_most(f"strategy.{name}", getattr(self, name), bound, StrategyError, low)
         if self.tp % self.tp_y:
             raise StrategyError(f"strategy.tp_y ({self.tp_y}) must divide tp ({self.tp})")
@@ -136,6 +151,16 @@ class Strategy:
         return self.ep > 1 and (self.dp * self.cp) % self.ep != 0
 
     @property
+    def uneven_stages(self) -> bool:
+        """One of Megatron's uneven pipeline splits is asked for (``stage_layers``)."""
+        return bool(
+            self.first_stage_layers
+            or self.last_stage_layers
+            or self.embedding_stage
+            or self.loss_stage
+        )
+
+    @property
     def expert_dp(self) -> int:
         """Ranks of a stage that hold the same expert weights (their gradient group)."""
         ranks = self.tp * self.dp * self.cp if self.folded_ep else self.dp * self.cp
@@ -169,11 +194,12 @@ class Strategy:
         _divides(heads_split, model.num_heads, name, "num_heads")
         _divides(heads_split, model.num_kv_heads, name, "num_kv_heads")
         chunks = self.pp * self.vpp
-        if chunks > model.num_layers:
+        if chunks > model.num_layers and not self.uneven_stages:
             raise StrategyError(
                 f"strategy: pp*vpp ({chunks}) must be at most num_layers "
                 f"({model.num_layers}): every virtual stage holds a layer"
             )
+        stage_layers(model.num_layers, self)  # an uneven split's own rules
         if self.gbs % (self.mbs * self.dp):
             raise StrategyError(
                 f"strategy: gbs ({self.gbs}) must be a multiple of mbs*dp "
@@ -289,6 +315,79 @@ def layer_ranges(num_layers: int, chunks: int) -> tuple[range, ...]:
     base, extra = divmod(num_layers, chunks)
     starts = [c * base + min(c, extra) for c in range(chunks)]  # c earlier stages, extras
     return tuple(range(start, start + base + (c < extra)) for c, start in enumerate(starts))
+
+
+def stage_layers(num_layers: int, s: Strategy) -> tuple[int, ...]:
+    """Blocks of each virtual stage in model order, as the cost model prices and the
+    runtime builds them: ``layer_ranges``'s balanced split, or the strategy's uneven one.
+
+    Uneven splits follow Megatron-LM (``get_num_layers_to_build``): the pipeline ranks'
+    counts first (``first_stage_layers`` / ``last_stage_layers`` given, the rest split
+    evenly over the other ranks; or ``num_layers`` plus the embedding and loss slots
+    balanced over the ranks), then each rank's count balanced over its chunks, then the
+    first / last virtual stage gives a block to the embedding / the loss. Chunk c of rank
+    r is virtual stage ``c p + r``, in ZB-V's V ``c p + p - 1 - r`` for odd c; DualPipe's
+    split is of one model copy over the p ranks."""
+    v = 1 if s.model_copies > 1 else SCHEDULE_KINDS[s.schedule].chunks_for(s.vpp)
+    return _stage_layers(
+        num_layers, s.pp, v, s.schedule == "zb-v", s.first_stage_layers,
+        s.last_stage_layers, s.embedding_stage, s.loss_stage,
+    )  # fmt: skip
+
+
+@cache  # asked for every candidate the planner scores
+def _stage_layers(
+    num_layers: int, p: int, v: int, v_shape: bool, first: int, last: int, embedding: bool,
+    loss: bool,
+) -> tuple[int, ...]:  # fmt: skip
+    chunks = p * v
+    if not (first or last or embedding or loss):
+        return _balanced(num_layers, chunks)
+    edges = int(embedding) + int(loss)
+    text = (
+        f"first_stage_layers={first}, last_stage_layers={last}, "
+        f"embedding_stage={int(embedding)}, loss_stage={int(loss)}"
+    )
+    if p == 1:
+        raise StrategyError(f"strategy: {text} shape pipeline stages: they need pp > 1")
+    if edges and (first or last):
+        raise StrategyError(
+            f"strategy: {text}: give the first/last stages' layers or count the embedding "
+            f"and loss as layers, not both (as Megatron-LM)"
+        )
+    if edges:
+        per_rank = _balanced(num_layers + edges, p)
+    else:
+        fixed = {r: n for r, n in ((0, first), (p - 1, last)) if n}
+        rest, ranks = num_layers - sum(fixed.values()), p - len(fixed)
+        if rest < ranks or (ranks and rest % ranks) or (not ranks and rest):
+            raise StrategyError(
+                f"strategy: {text} leave {rest} of num_layers ({num_layers}) to the other "
+                f"{ranks} pipeline ranks: they must split them evenly, one or more each"
+            )
+        per_rank = tuple(fixed.get(r, rest // max(ranks, 1)) for r in range(p))
+    counts = []
+    for stage in range(chunks):
+        c, offset = divmod(stage, p)
+        rank = p - 1 - offset if v_shape and c % 2 else offset
+        counts.append(_balanced(per_rank[rank], v)[c])
+    counts[0] -= embedding
+    counts[-1] -= loss
+    holds_edge = {0: embedding, chunks - 1: loss}
+    empty = [i for i, n in enumerate(counts) if n < 0 or (n == 0 and not holds_edge.get(i))]
+    if empty:
+        raise StrategyError(
+            f"strategy: {text} leave virtual stage {empty[0]} of {chunks} without a layer "
+            f"(blocks per stage: {counts}); every stage holds one, or only the embedding "
+            f"or the loss"
+        )
+    return tuple(counts)
+
+
+def _balanced(total: int, parts: int) -> tuple[int, ...]:
+    """``layer_ranges``'s lengths: the extra ones on the earliest parts."""
+    base, extra = divmod(total, parts)
+    return tuple(base + (i < extra) for i in range(parts))
 
 
 def _divides(divisor: int, total: int, divisor_name: str, total_name: str) -> None:

@@ -241,7 +241,8 @@ class ParallelSection:
         "",
         "the layout, as `legato plan` prints it: dp, zero (0 DDP, 1 sharded optimizer, "
         "2/3 FSDP2), tp (tp=AxB for 2-D), sp, cp, pp, vpp, schedule, slices, memory_cap, "
-        "ep, etp, moe_overlap, moe_chunks, moe_groups, recompute, swap, loss_chunk; mbs, gbs and "
+        "first_stage_layers, last_stage_layers, embedding_stage, loss_stage, ep, etp, "
+        "moe_overlap, moe_chunks, moe_groups, recompute, swap, loss_chunk; mbs, gbs and "
         "dtype set train.micro_batch_size, train.global_batch_size and train.dtype; '' = "
         "FSDP2 over all processes; 'auto' = the planner's pick for this job",
     )
