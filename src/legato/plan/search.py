@@ -20,7 +20,7 @@ search can be tested against a known model.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -100,7 +100,7 @@ class SearchResult:
 
 
 def _walk_ladder(
-    grid: list[list[Strategy]],
+    grid: list[Sequence[Strategy]],
     score: Callable[[Strategy], Scored | None],
     stats: SearchStats,
     threshold: float,

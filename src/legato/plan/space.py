@@ -33,7 +33,7 @@ What is left is filtered by ``Strategy.check`` (the one list of constraints).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from math import gcd
 
@@ -278,14 +278,33 @@ def memory_settings(model: ModelSpec, strategy: Strategy, space: SearchSpace) ->
     return row
 
 
-def memory_ladder(model: ModelSpec, strategy: Strategy, space: SearchSpace) -> list[list[Strategy]]:
+def memory_ladder(
+    model: ModelSpec, strategy: Strategy, space: SearchSpace
+) -> list[Sequence[Strategy]]:
     """Memory settings of ``strategy`` as rows of increasing ZeRO stage, each row the
     settings of :func:`memory_settings`. Within the grid, moving right or down saves
     memory and never saves time, which :func:`legato.plan.search.search` uses to stop
     early."""
     stages = [z for z in space.zero_stages if z >= strategy.zero] if strategy.zero else [0]
     row = memory_settings(model, strategy, space)
-    return [[strategy.with_(zero=z, **setting) for setting in row] for z in stages]
+    return [_LadderRow(strategy, z, row) for z in stages]
+
+
+class _LadderRow(Sequence[Strategy]):
+    """One ZeRO stage's memory settings, each Strategy built only when the search reaches
+    it: most grids are left after their first cell, and building (validating) a
+    Strategy is a good share of what the search costs."""
+
+    def __init__(self, base: Strategy, zero: int, settings: list[dict]) -> None:
+        self.base, self.zero, self.settings = base, zero, settings
+
+    def __len__(self) -> int:
+        return len(self.settings)
+
+    def __getitem__(self, index):  # type: ignore[override]
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        return self.base.with_(zero=self.zero, **self.settings[index])
 
 
 def is_valid(strategy: Strategy, model: ModelSpec, devices: int) -> str | None:
