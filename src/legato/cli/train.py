@@ -26,15 +26,20 @@ from legato.train.config import (
     split_command_line,
 )
 
+PROFILE_STEPS = 3  # what `legato train --profile` profiles
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "train",
         help="train a model (default: a tiny model on the built-in corpus, 2 CPU processes)",
-        usage="legato train [-h] [--help-config] [CONFIG] [--section.key[=]value ...]",
+        usage="legato train [-h] [--help-config] [--profile] [CONFIG] [--section.key[=]value ...]",
         description="Train a model. CONFIG is a TOML config file (see examples/). Every config "
         "field can be overridden with --section.key=value or --section.key value (a TOML "
-        "literal, e.g. --train.steps 50 --data.paths=a.txt).",
+        "literal, e.g. --train.steps 50 --data.paths=a.txt). --profile is "
+        f"--train.profile_steps={PROFILE_STEPS}: that many steps after the first under "
+        "torch.profiler, their traces and measured terms beside the prediction in "
+        "<run>/profile/.",
     )
     parser.add_argument(
         "--help-config", action="store_true", help="list every config field with its default"
@@ -47,6 +52,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(render_toml(header="legato train: every config field, with its default"), end="")
         return 0
     # CONFIG is not an argparse positional
+    extra = [f"--train.profile_steps={PROFILE_STEPS}" if x == "--profile" else x for x in extra]
     config_path, extra = split_command_line(extra, TRAIN_FLAGS)
     config = load_config(config_path, extra)
     if "LOCAL_RANK" in os.environ:  # a worker of torchrun or of our own launch

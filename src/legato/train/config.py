@@ -185,6 +185,13 @@ class TrainSection:
     eval_every: int = _doc(
         0, "validation loss on the data.holdout split every N steps and at the last; 0 = never"
     )
+    profile_steps: int = _doc(
+        0,
+        "profile this many steps after the run's first (a warm-up) under torch.profiler: "
+        "each rank's Kineto trace in <run>/profile/, and the measured time per term of "
+        "`legato predict --explain` (compute by op class, each collective, host) beside "
+        "the run's prediction in profile/terms.json; 0 = off (`legato train --profile` = 3)",
+    )
     compile: bool = _doc(
         False,
         "compile each transformer block's forward with torch.compile (as torchtitan); "
@@ -213,9 +220,13 @@ class TrainSection:
         )
         _require(self.log_every >= 1, "train.log_every", ">= 1", self.log_every)
         _require(self.eval_every >= 0, "train.eval_every", ">= 0 (0 = never)", self.eval_every)
+        _require(
+            self.profile_steps >= 0, "train.profile_steps", ">= 0 (0 = off)", self.profile_steps
+        )
         _at_most(self, "steps", MAX_STEPS)
         _at_most(self, "log_every", MAX_STEPS)
         _at_most(self, "eval_every", MAX_STEPS, low=0)
+        _at_most(self, "profile_steps", MAX_STEPS, low=0)
         _at_most(self, "global_batch_size", MAX_BATCH)
         _at_most(self, "micro_batch_size", MAX_BATCH)
         _require(

@@ -67,6 +67,7 @@ from legato.train.metrics import (
 from legato.train.model_init import load_init
 from legato.train.optim import apply_hyperparameters, build_lr_schedule, build_optimizer
 from legato.train.prediction import NO_CLUSTER, Machine, compare, predict_job, resolve_machine
+from legato.train.profile import StepProfiler, terms_table
 from legato.train.progress import Progress
 from legato.train.run_data import (
     check_vocab,
@@ -333,20 +334,43 @@ class Trainer:
 
     def _loop(self, run_dir: Path, start: int, log: MetricsLog | None) -> TrainResult:
         cfg, ctx = self.config, self.ctx
-        total, every = cfg.train.steps, cfg.checkpoint.every
         result = TrainResult(run_dir)
+        predicted = self.job.prediction.step_time_s if self.job.prediction else None
+        profiler = None
+        if cfg.train.profile_steps:
+            profiler = StepProfiler(run_dir, ctx.rank, ctx.device, cfg.train.profile_steps)
+        with profiler or contextlib.nullcontext():
+            result = self._steps(run_dir, start, log, result, predicted, profiler)
+        if profiler is not None and not profiler.reported:  # the run ended mid-profile
+            if profiler.done:
+                self._report_profile(profiler)
+            else:
+                self.progress.message(
+                    "train.profile_steps: the run ended in its warm-up step, nothing was "
+                    "profiled (the first step of a run is never measured)"
+                )
+        return result
+
+    def _steps(self, run_dir: Path, start: int, log: MetricsLog | None, result: TrainResult,
+               predicted: float | None, profiler: StepProfiler | None) -> TrainResult:  # fmt: skip
+        cfg, ctx = self.config, self.ctx
+        total, every = cfg.train.steps, cfg.checkpoint.every
         tokens = cfg.train.global_batch_size * self.seq_len
         saved = None
-        predicted = self.job.prediction.step_time_s if self.job.prediction else None
         for step in range(start + 1, total + 1):
             began = time.perf_counter()
             lr = self.scheduler.get_last_lr()[0]
             split = self.batch_split
-            inputs, labels = self.dataset.next_batch(
-                cfg.train.global_batch_size, ctx.dp_rank, ctx.dp_size, split
-            )
-            loss, grad_norm = self._train_step(inputs, labels, split)
+            with profiler.step() if profiler else contextlib.nullcontext():
+                inputs, labels = self.dataset.next_batch(
+                    cfg.train.global_batch_size, ctx.dp_rank, ctx.dp_size, split
+                )
+                loss, grad_norm = self._train_step(inputs, labels, split)
             elapsed = time.perf_counter() - began
+            if profiler is not None:
+                profiler.advance()
+                if profiler.done and not profiler.reported:
+                    self._report_profile(profiler)
             if not math.isfinite(loss):
                 raise ConfigError(
                     f"optim.lr: training diverged at step {step} (loss {loss}); lower optim.lr "
@@ -386,6 +410,20 @@ class Trainer:
                     result.checkpoint = self._save(run_dir, step)
                 break
         return result
+
+    def _report_profile(self, profiler: StepProfiler) -> None:
+        """The profiled steps' terms beside the prediction: in profile/terms.json and as a
+        table on the console (rank 0)."""
+        profiler.reported = True
+        path = profiler.write_terms(self.job.prediction)
+        if path is None:
+            return
+        doc = json.loads(path.read_text())
+        lines = terms_table(doc)
+        self.progress.message(
+            f"profiled {doc['measured']['steps']} steps (traces and terms in {path.parent}):\n"
+            + "\n".join(lines)
+        )
 
     def _agree_next_step(self, step: int) -> bool:
         """What every rank does after ``step``, in one tiny all-reduce: the batch split
