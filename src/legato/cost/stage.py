@@ -181,14 +181,14 @@ def pipeline_stages(model: ModelSpec, s: Strategy) -> list[Stage]:
     dual = s.model_copies > 1
     counts = stage_layers(model.num_layers, s)
     moe_in_chunk = _moe_layers_per_chunk(model, counts)
-    v_shape = s.schedule == "zb-v" and s.vpp == 2
+    v, v_shape = len(counts) // p, s.schedule == "zb-v"  # ZB-V: a V of 2 chunks
     stages = []
     for r in range(p):
         if dual:
             mine, first = [r, p - 1 - r], r in (0, p - 1)
             last = first
         else:
-            mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(s.vpp)]
+            mine = [r, 2 * p - 1 - r] if v_shape else [c * p + r for c in range(v)]
             first, last = r == 0, (r == 0 if v_shape else r == p - 1)
         moe = sum(moe_in_chunk[c] for c in mine)
         stages.append(Stage(sum(counts[c] for c in mine) - moe, moe, first, last))
