@@ -185,3 +185,14 @@ def test_dualpipe_bubble_is_below_zero_bubble_h1_and_1f1b():
         dual = pipeline_time("dualpipe", P, M, 2, 1, f, b + w, w).bubble_s
         assert dual < pipeline_time("zb-h1", P, M, 1, 1, f, b + w, w).bubble_s
         assert dual < pipeline_time("1f1b", P, M, 1, 1, f, b + w, w).bubble_s
+
+
+def test_zb_v_is_a_v_of_two_chunks_whether_or_not_vpp_says_so() -> None:
+    from legato.cost import predict
+    from legato.specs import load_cluster, load_model
+    from legato.specs.strategy import Strategy
+
+    model, cluster = load_model("llama3-8b"), load_cluster("dgx-h100", nodes=1)
+    plain = predict(model, cluster, Strategy.parse("pp=8,gbs=64,schedule=zb-v"))
+    two = predict(model, cluster, Strategy.parse("pp=8,gbs=64,schedule=zb-v,vpp=2"))
+    assert plain.to_dict() == two.to_dict()
