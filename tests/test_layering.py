@@ -20,6 +20,7 @@ LAYER_RANK = {
     "local_ray": 0,
     "specs": 1,
     "devices": 1,  # device profiles: below cost/, reading specs/
+    "layout": 1,  # SBP layouts: what a tensor layout sends, below cost/, reading specs/
     "cost": 2,
     "schedule": 2,
     "plan": 3,
@@ -40,9 +41,9 @@ LAYER_RANK = {
 ALLOWED_SIDEWAYS = {
     ("parallel", "models"), ("parallel", "moe"), ("parallel", "memory"), ("parallel", "precision"), ("calibrate", "parallel"),
     ("models", "moe"), ("models", "precision"), ("models", "memory"), ("memory", "models"),
-    ("moe", "precision"), ("devices", "specs"), ("lora", "train"), ("serve", "lora"), ("serve", "train"), ("cluster", "train"),
+    ("moe", "precision"), ("devices", "specs"), ("layout", "specs"), ("lora", "train"), ("serve", "lora"), ("serve", "train"), ("cluster", "train"),
 }  # fmt: skip
-TORCH_FREE = ("specs", "devices", "cost", "schedule", "plan")
+TORCH_FREE = ("specs", "devices", "layout", "cost", "schedule", "plan")
 
 
 def _imports(path: Path) -> set[str]:

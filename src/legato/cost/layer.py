@@ -13,7 +13,7 @@ all-to-alls are timed by ``cost.moe_layer_time.ep_exposure`` under the strategy'
 schedule, not here. MLA's low-rank projections are treated as one projection of the same
 total weight, split by ``tp``. 2-D tensor parallelism splits the same FLOPs over ``tp``
 devices (GEMM shapes as in 1-D); only its communication differs. Tensor-parallel
-collectives are those of the planner's SBP layouts (:func:`tp_collectives`). Block linears (projections, MLPs, experts) are timed by
+collectives are derived from the SBP layouts (``legato.layout``, :func:`tp_collectives`). Block linears (projections, MLPs, experts) are timed by
 ``DeviceModel.linear_time`` (fp8 in FP8 training); attention, the router and the LM head
 in the training dtype.
 """
@@ -26,9 +26,17 @@ from functools import lru_cache
 
 from legato.cost.compute import DeviceModel, Gemm
 from legato.cost.runtime import Runtime, activation_bytes, kernels_per_pass, op_bytes
+from legato.layout import (
+    Collective,
+    LayoutError,
+    backward_collectives,
+    forward_collectives,
+    part_layout,
+)
+from legato.layout.placements import collective_bytes
 from legato.specs.model import ModelSpec
 from legato.specs.params import attention_params
-from legato.specs.strategy import Strategy
+from legato.specs.strategy import Strategy, StrategyError
 
 
 @dataclass(frozen=True)
@@ -251,28 +259,9 @@ def _work(
     )
 
 
-# One tensor's tensor-parallel traffic: its forward and backward collective (None: none),
-# the mesh axis and the bytes of the tensor the group holds (split by the other axes).
-_Step = tuple[str | None, str | None, str, float]
-_DUAL = {"all_gather": "reduce_scatter", "reduce_scatter": "all_gather", "all_reduce": "all_reduce"}
-STATS_BYTES = 4  # norm and loss statistics (RMS, max, sum of exponentials, target logit)
-
-
-def _move(kind: str, axis: str, nbytes: float) -> _Step:
-    """A forward redistribution; its gradient takes the dual collective."""
-    return kind, _DUAL[kind], axis, nbytes
-
-
-def _enter(axis: str, nbytes: float, sp: bool) -> _Step:
-    """The input of a sub-block whose work ``axis`` splits: gathered from its sequence
-    shards (gradient reduce-scattered), or replicated (gradient all-reduced)."""
-    return _move("all_gather", axis, nbytes) if sp else (None, "all_reduce", axis, nbytes)
-
-
-def _leave(axis: str, nbytes: float, sp: bool) -> _Step:
-    """The partial-sum output of a sub-block: reduce-scattered to sequence shards
-    (gradient gathered) or all-reduced (gradient already whole)."""
-    return _move("reduce_scatter", axis, nbytes) if sp else ("all_reduce", None, axis, nbytes)
+TP_AXES = ("tp", "tp_x", "tp_y")
+_KINDS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
+          "all-reduce": "all_reduce", "all-to-all": "all_to_all"}  # fmt: skip
 
 
 def _kv_heads(model: ModelSpec) -> int:
@@ -286,129 +275,36 @@ def _head_split(strategy: Strategy) -> int:
     return strategy.tp_y if strategy.tp_y > 1 else strategy.tp
 
 
+@lru_cache(maxsize=4096)  # pure; asked for every candidate the planner scores
 def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms:
     """Tensor-parallel collectives of ``part`` ("embedding", "dense", "moe" or "head") on
     one device for one micro-batch, one forward and one backward pass; ``count`` merges
     equal ones.
 
-    These are the collectives of the planner's SBP layout of the part (``plan.sbp_layout``,
-    checked against DTensor), tensor by tensor; ``tests/plan/test_plan_cost_consistency``
-    holds the two together. 1-D TP: each sub-block's input is replicated (gradient
-    all-reduced) and its output all-reduced, or with sequence parallelism gathered and
-    reduce-scattered. 2-D TP: ``tp_y`` is 1-D TP with sequence parallelism on the
-    activation split by ``tp_x``; on ``tp_x`` (hidden-split residual stream) the norm
-    statistics are all-reduced, Q and the MLP up-projections reduce-scattered over the
-    sequence, K/V all-reduced, the attention and FFN-width activations all-gathered for the
-    output projections. The vocabulary-parallel loss all-reduces three fp32 statistics
-    per token (forward only); in 2-D the head's input is hidden-split on ``tp_x``, so its
-    vocabulary-wide logits are reduce-scattered there. MoE layers: shared experts are a tensor-parallel MLP; with expert TP the
-    tokens and router logits are gathered for dispatch, the output reduced, and the routed
-    tokens' gradient all-reduced. Two cases have no planner layout and keep an estimate:
-    MoE layers under 2-D TP (a gather and a reduce-scatter of the hidden activation on
-    each axis, as for one 1-D sub-block) and 1 < etp < tp (counted as etp = tp).
-    """
+    Derived from the part's SBP layout (``layout.part_layout``, checked against DTensor),
+    the one place that says what a tensor layout sends: each collective on a
+    tensor-parallel axis, its bytes per device turned back into the bytes of the tensor
+    the group holds. Context parallelism's traffic is the ring's, priced in
+    ``layer_work``. A layout the strategy has none for (2-D tp of an MoE layer, etp other
+    than 1 or tp) is a one-line StrategyError."""
     s = strategy
     if s.tp == 1:
         return PassComms((), ())
-    tokens = s.mbs * model.seq_len / s.cp
-    d = activation_bytes(s.dtype)
-    hidden = tokens * model.hidden_size * d
-    if part == "moe":
-        steps = _attention(model, s, tokens, d) + _experts(model, s, tokens, d)
-    elif part == "dense":
-        steps = _attention(model, s, tokens, d) + _mlp(model, s, tokens, d)
-    elif part == "embedding":
-        steps = [
-            _leave("tp_y", hidden / s.tp_x, True) if s.tp_y > 1 else _leave("tp", hidden, s.sp)
-        ]
-    elif part == "head":
-        steps = _head(model, s, tokens, d)
-    else:
-        raise ValueError(f"unknown part {part!r}; known: embedding, dense, moe, head")
-    return _passes(steps)
+    try:
+        layout = part_layout(model, s, part)
+    except LayoutError as exc:
+        raise StrategyError(f"strategy: {exc}") from None
+    sizes = {"tp": s.tp, "tp_x": s.tp_x, "tp_y": s.tp_y}
+    return PassComms(
+        _merged(forward_collectives(layout), sizes), _merged(backward_collectives(layout), sizes)
+    )
 
 
-def _passes(steps: list[_Step]) -> PassComms:
-    passes = []
-    for which in (0, 1):
-        counts = Counter((axis, step[which], n) for *step, axis, n in steps if step[which])
-        passes.append(tuple(Comm(a, kind, n, count) for (a, kind, n), count in counts.items()))
-    return PassComms(*passes)
-
-
-def _norm_stats(s: Strategy, tokens: float) -> _Step:
-    """2-D: a norm's RMS statistics over the hidden-split (``tp_x``) residual stream."""
-    return _move("all_reduce", "tp_x", tokens * STATS_BYTES / s.tp_y)
-
-
-def _attention(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
-    hidden = tokens * model.hidden_size * d
-    if s.tp_y == 1:
-        return [_enter("tp", hidden, s.sp), _leave("tp", hidden, s.sp)]
-    qk, v = head_dims(model)
-    per_head = tokens * d / s.tp_y  # bytes per head feature, heads split by tp_y
-    q_heads, kv_heads = model.num_heads, _kv_heads(model)
-    return [
-        _norm_stats(s, tokens),
-        _enter("tp_y", hidden / s.tp_x, True),
-        _move("reduce_scatter", "tp_x", per_head * q_heads * qk),  # Q: sequence-split
-        _move("all_reduce", "tp_x", per_head * kv_heads * qk),  # K and V: whole
-        _move("all_reduce", "tp_x", per_head * kv_heads * v),
-        _move("all_gather", "tp_x", per_head * q_heads * v),  # attention output
-        _leave("tp_y", hidden / s.tp_x, True),
-    ]
-
-
-def _mlp(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
-    hidden = tokens * model.hidden_size * d
-    if s.tp_y == 1:
-        return [_enter("tp", hidden, s.sp), _leave("tp", hidden, s.sp)]
-    ffn = tokens * model.ffn_hidden_size * d / s.tp_y
-    ups = [_move("reduce_scatter", "tp_x", ffn)] * (2 if model.mlp == "swiglu" else 1)
-    return [
-        _norm_stats(s, tokens),
-        _enter("tp_y", hidden / s.tp_x, True),
-        *ups,
-        _move("all_gather", "tp_x", ffn),  # the activation, for the down projection
-        _leave("tp_y", hidden / s.tp_x, True),
-    ]
-
-
-def _experts(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
-    moe = model.moe
-    hidden = tokens * model.hidden_size * d
-    shared = moe.num_shared_experts > 0
-    if s.tp_y > 1:  # no planner layout: the 1-D sequence-parallel pattern on each axis
-        if not (shared or s.etp > 1):
-            return []
-        axes = (("tp_x", hidden / s.tp_y), ("tp_y", hidden / s.tp_x))
-        return [step(axis, n, True) for axis, n in axes for step in (_enter, _leave)]
-    shared_out = [_leave("tp", hidden, s.sp)] if shared else []
-    if s.etp == 1:  # routed experts run on the local tokens; shared ones are an MLP
-        return [_enter("tp", hidden, s.sp), *shared_out] if shared else []
-    gather, reduce, axis, nbytes = _enter("tp", hidden, s.sp)
-    return [
-        # tokens gathered for dispatch; their gradient needs reducing only where shared
-        # experts added partial sums (the routed one arrives whole, all-reduced below)
-        (gather, reduce if shared else None, axis, nbytes),
-        _enter("tp", tokens * moe.num_experts * STATS_BYTES, s.sp),  # router logits
-        (None, "all_reduce", "tp", hidden * moe.top_k),  # routed tokens' gradient
-        _leave("tp", hidden, s.sp),  # combined expert output
-        *shared_out,
-    ]
-
-
-def _head(model: ModelSpec, s: Strategy, tokens: float, d: int) -> list[_Step]:
-    """Final norm, vocabulary-parallel LM head and loss (max, sum of exponentials and
-    target logit all-reduced per token, forward only)."""
-    hidden = tokens * model.hidden_size * d
-    if s.tp_y == 1:
-        loss = [("all_reduce", None, "tp", tokens * STATS_BYTES)] * 3
-        return [_enter("tp", hidden, s.sp), *loss]
-    loss = [("all_reduce", None, "tp_y", tokens * STATS_BYTES / s.tp_x)] * 3
-    return [
-        _norm_stats(s, tokens),
-        _enter("tp_y", hidden / s.tp_x, True),
-        _move("reduce_scatter", "tp_x", tokens * model.vocab_size * d / s.tp_y),  # logits
-        *loss,
-    ]
+def _merged(collectives: list[Collective], sizes: dict[str, int]) -> tuple[Comm, ...]:
+    """The tensor-parallel ones as ``Comm`` (the group's tensor bytes), equal ones counted."""
+    counts: Counter = Counter()
+    for c in collectives:
+        if c.axis in TP_AXES and c.bytes > 0:
+            group = c.bytes / collective_bytes(c.kind, 1.0, sizes[c.axis])
+            counts[(c.axis, _KINDS[c.kind], group)] += 1
+    return tuple(Comm(axis, kind, nbytes, n) for (axis, kind, nbytes), n in counts.items())

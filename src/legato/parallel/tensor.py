@@ -32,6 +32,7 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from legato.layout.sbp_layout import PartLayout, part_layout
 from legato.parallel.mesh import submesh
 from legato.parallel.pipeline.stages import StageModule
 from legato.parallel.tensor_families import (
@@ -41,7 +42,6 @@ from legato.parallel.tensor_families import (
     finish_block,
 )
 from legato.parallel.tensor_parallel import tensor_parallel_plan
-from legato.plan.sbp_layout import PartLayout, part_layout
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 

@@ -1,7 +1,7 @@
 """The 2-D tensor-parallel applier (``tp=AxB``): each block runs the planner's own layout.
 
 Why not ``parallelize_module``: its styles split a module over one mesh dimension, while
-the 2-D layout of the planner (``plan.sbp_layout``, after Hypertron / Optimus) splits the
+the 2-D layout of the planner (``layout.sbp_layout``, after Hypertron / Optimus) splits the
 weights over ``tp_x`` and ``tp_y`` at once and moves activations between the two axes
 inside the block. ``tensor_parallel.run_dense_layout`` already executes such a layout op
 by op on DTensors and checks every output against the placements the planner declared,
@@ -27,11 +27,11 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Replicate
 
 from legato.errors import ConfigError
+from legato.layout.sbp_layout import PartLayout
 from legato.models.attention import SdpaAttention
 from legato.models.forward_context import ForwardContext, call_layer
 from legato.parallel.tensor import block_layout
 from legato.parallel.tensor_parallel import place_weights, run_dense_layout
-from legato.plan.sbp_layout import PartLayout
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 

@@ -43,10 +43,10 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
+from legato.layout.placements import Collective, Partial, Placement, Shard, collective_bytes
+from legato.layout.sbp_layout import PartLayout, PlacedOp, read_gradients
 from legato.models.rope import apply_rope
 from legato.parallel.tensor_families import finish_block
-from legato.plan.placements import Collective, Partial, Placement, Shard, collective_bytes
-from legato.plan.sbp_layout import PartLayout, PlacedOp, read_gradients
 from legato.specs.model import ModelSpec
 
 

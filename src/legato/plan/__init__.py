@@ -1,10 +1,7 @@
 """The planner: SBP layouts of every op, the parallel search space, search scored by the
 cost model, the hand heuristic it is compared with, and explanations. Pure Python."""
 
-from legato.plan.baseline import Baseline, baseline
-from legato.plan.errors import PlanError
-from legato.plan.grad_sync import WeightCollectives, weight_collectives
-from legato.plan.placements import (
+from legato.layout.placements import (
     PARTIAL,
     REPLICATE,
     Collective,
@@ -14,14 +11,17 @@ from legato.plan.placements import (
     Shard,
     redistribute_cost,
 )
-from legato.plan.report import PlanReport, make_plan
-from legato.plan.sbp_layout import (
+from legato.layout.sbp_layout import (
     PARTS,
     PartLayout,
     backward_collectives,
     forward_collectives,
     part_layout,
 )
+from legato.plan.baseline import Baseline, baseline
+from legato.plan.errors import PlanError
+from legato.plan.grad_sync import WeightCollectives, weight_collectives
+from legato.plan.report import PlanReport, make_plan
 from legato.plan.search import Scored, SearchResult, pareto_front, search
 from legato.plan.space import SearchSpace, fast_domain
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from legato.layout.sbp_layout import backward_collectives, forward_collectives, part_layout
 from legato.plan.errors import PlanError
-from legato.plan.sbp_layout import backward_collectives, forward_collectives, part_layout
 from legato.plan.search import Scored
 from legato.schedule.builders import default_memory_cap
 from legato.specs.model import ModelSpec

@@ -18,8 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from legato.plan.placements import PARTIAL, REPLICATE, Collective, Shard, redistribute_cost
-from legato.plan.sbp_layout import PartLayout
+from legato.layout.placements import PARTIAL, REPLICATE, Collective, Shard, redistribute_cost
+from legato.layout.sbp_layout import PartLayout
 
 
 @dataclass(frozen=True)

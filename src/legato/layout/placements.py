@@ -30,7 +30,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from legato.plan.errors import PlanError
+from legato.layout.errors import LayoutError
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ def placement(text: str) -> Placement:
     """``"S(1)"``, ``"B"`` or ``"P"`` as a placement (the notation of the layout tables)."""
     match = _TEXT.match(text.strip())
     if not match:
-        raise PlanError(f"placement must be S(<dim>), B or P, got {text!r}")
+        raise LayoutError(f"placement must be S(<dim>), B or P, got {text!r}")
     if match.group(1) is not None:
         return Shard(int(match.group(1)))
     return REPLICATE if text.strip() == "B" else PARTIAL
@@ -98,7 +98,9 @@ def transition(src: Placement, dst: Placement) -> str | None:
     if src == dst or (src == REPLICATE and isinstance(dst, Shard)):
         return None
     if isinstance(dst, Partial):
-        raise PlanError(f"redistribution {src} -> P is avoided by the planner (no layout needs it)")
+        raise LayoutError(
+            f"redistribution {src} -> P is avoided by the planner (no layout needs it)"
+        )
     if isinstance(src, Shard):
         return "all-to-all" if isinstance(dst, Shard) else "all-gather"
     return "reduce-scatter" if isinstance(dst, Shard) else "all-reduce"
@@ -115,7 +117,7 @@ def collective_bytes(kind: str, tensor_bytes: float, p: int) -> float:
         return 2 * share
     if kind in ("all-gather", "reduce-scatter"):
         return share
-    raise PlanError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
+    raise LayoutError(f"unknown collective {kind!r}; known: {', '.join(COLLECTIVES)}")
 
 
 # Order in which axes are redistributed: those that shrink the local tensor first, gathers

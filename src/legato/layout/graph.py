@@ -1,5 +1,5 @@
 """The op graph of a transformer: which tensors each op reads, holds and writes, and how
-big they are. Placements are assigned separately (``plan.roles``), per mesh axis.
+big they are. Placements are assigned separately (``layout.roles``), per mesh axis.
 
 Activations are ``[batch, seq, features]`` (dims 0, 1, 2); the routed-token buffers of an
 MoE layer are ``[experts, capacity, features]``. Weights use torch's ``nn.Linear`` layout

@@ -33,8 +33,8 @@ Roles:
 
 from __future__ import annotations
 
-from legato.plan.errors import PlanError
-from legato.plan.placements import Placement, placement
+from legato.layout.errors import LayoutError
+from legato.layout.placements import Placement, placement
 
 Signature = tuple[str, str, str]
 
@@ -131,7 +131,7 @@ ROLES: dict[str, dict[str, Signature]] = {
 def _expand(text: str, count: int) -> tuple[Placement, ...]:
     items = [placement(t) for t in text.split()]
     if count and not items:
-        raise PlanError(f"placement rule {text!r} is empty for {count} tensors")
+        raise LayoutError(f"placement rule {text!r} is empty for {count} tensors")
     return tuple(items[min(i, len(items) - 1)] for i in range(count))
 
 
@@ -140,10 +140,10 @@ def signature(
 ) -> tuple[tuple[Placement, ...], tuple[Placement, ...], tuple[Placement, ...]]:
     """Placements of an op's inputs, weights and outputs on an axis playing ``role``."""
     if role not in ROLES:
-        raise PlanError(f"unknown mesh-axis role {role!r}; known: {', '.join(ROLES)}")
+        raise LayoutError(f"unknown mesh-axis role {role!r}; known: {', '.join(ROLES)}")
     table = ROLES[role]
     rule = table.get(kind) or table.get("*")
     if rule is None:
-        raise PlanError(f"role {role!r} has no placement rule for {kind!r} ops")
+        raise LayoutError(f"role {role!r} has no placement rule for {kind!r} ops")
     ins, ws, outs = rule
     return _expand(ins, n_in), _expand(ws, n_w), _expand(outs, n_out)

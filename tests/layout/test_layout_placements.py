@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from legato.plan import PARTIAL, REPLICATE, PlanError, Shard, redistribute_cost
-from legato.plan.placements import placement
+from legato.layout import PARTIAL, REPLICATE, LayoutError, Shard, redistribute_cost
+from legato.layout.placements import placement
 
 T, P = 1024.0, 4  # tensor bytes, ranks on the axis
 
@@ -31,7 +31,7 @@ def test_table_rows(src, dst, kind, nbytes):
 
 @pytest.mark.parametrize("src", [REPLICATE, Shard(0)])
 def test_moving_to_partial_is_refused(src):
-    with pytest.raises(PlanError, match="avoided"):
+    with pytest.raises(LayoutError, match="avoided"):
         redistribute_cost(T, {"tp": src}, {"tp": PARTIAL}, {"tp": P})
 
 
@@ -65,5 +65,5 @@ def test_axes_of_size_one_are_silent():
 def test_placement_notation():
     assert [placement(t) for t in ("S(2)", "B", "P")] == [Shard(2), REPLICATE, PARTIAL]
     assert [str(p) for p in (Shard(0), REPLICATE, PARTIAL)] == ["S(0)", "B", "P"]
-    with pytest.raises(PlanError, match="S\\(<dim>\\), B or P"):
+    with pytest.raises(LayoutError, match="S\\(<dim>\\), B or P"):
         placement("X")

@@ -7,7 +7,7 @@ is a run of ops over one device-mesh view. Dense ops see the mesh ``dp x cp x tp
 ``edp x ep x tp`` with ``edp * ep = dp * cp`` (expert parallelism folds over the data and
 context ranks, as in Megatron-Core). Within a segment, a tensor keeps the placements of the
 op that wrote it; when a later op needs other placements, the move costs the collectives
-of :func:`~legato.plan.placements.redistribute_cost`. A tensor read first in a segment
+of :func:`~legato.layout.placements.redistribute_cost`. A tensor read first in a segment
 enters it as that op declares (the two views agree on the tp axis and on bytes per rank).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from legato.plan.errors import PlanError
-from legato.plan.graph import (
+from legato.layout.errors import LayoutError
+from legato.layout.graph import (
     NO_GRADIENT,
     Op,
     Sizes,
@@ -27,7 +27,7 @@ from legato.plan.graph import (
     moe_ops,
     sizes,
 )
-from legato.plan.placements import (
+from legato.layout.placements import (
     PARTIAL,
     REPLICATE,
     Collective,
@@ -35,7 +35,7 @@ from legato.plan.placements import (
     Shard,
     redistribute_cost,
 )
-from legato.plan.roles import signature
+from legato.layout.roles import signature
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -101,11 +101,11 @@ def dense_axes(strategy: Strategy) -> tuple[Axis, ...]:
 def expert_axes(strategy: Strategy) -> tuple[Axis, ...]:
     """Mesh axes of an MoE layer's expert ops: ``edp x ep x tp``."""
     if strategy.tp_y > 1:
-        raise PlanError("2-D tensor parallelism (tp=AxB) has layouts for dense layers only")
+        raise LayoutError("2-D tensor parallelism (tp=AxB) has layouts for dense layers only")
     if strategy.etp not in (1, strategy.tp):
-        raise PlanError(f"layouts cover etp = 1 or etp = tp ({strategy.tp}), got {strategy.etp}")
+        raise LayoutError(f"layouts cover etp = 1 or etp = tp ({strategy.tp}), got {strategy.etp}")
     if strategy.folded_ep:
-        raise PlanError(
+        raise LayoutError(
             f"layouts cover ep dividing dp*cp ({strategy.dp * strategy.cp}); ep={strategy.ep} "
             f"folded over tensor-parallel ranks is priced by the cost model only"
         )
@@ -155,14 +155,14 @@ def part_layout(model: ModelSpec, strategy: Strategy, part: str) -> PartLayout:
         segments = [_segment(part, attention_ops() + mlp_ops(swiglu), dense)]
     elif part == "moe":
         if model.moe is None:
-            raise PlanError(f"model {model.name} has no MoE layers")
+            raise LayoutError(f"model {model.name} has no MoE layers")
         shared = model.moe.num_shared_experts > 0
         segments = [
             _segment("attention", attention_ops(), dense),
             _segment("moe", moe_ops(swiglu, shared), expert_axes(strategy)),
         ]
     else:
-        raise PlanError(f"unknown model part {part!r}; known: {', '.join(PARTS)}")
+        raise LayoutError(f"unknown model part {part!r}; known: {', '.join(PARTS)}")
     act_bytes = 4 if strategy.dtype == "fp32" else 2
     return PartLayout(
         part, strategy, tuple(segments), sizes(model, strategy.mbs * strategy.dp, act_bytes)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from legato.plan import (
-    PlanError,
+from legato.layout import (
+    LayoutError,
     Shard,
     backward_collectives,
     forward_collectives,
     part_layout,
-    weight_collectives,
 )
+from legato.plan import weight_collectives
 from legato.specs.model import ModelSpec, MoESpec
 from legato.specs.strategy import Strategy, StrategyError
 
@@ -180,11 +180,11 @@ def test_embedding_and_head_are_vocab_parallel():
 
 
 def test_layouts_that_are_not_covered_say_so():
-    with pytest.raises(PlanError, match="dense layers only"):
+    with pytest.raises(LayoutError, match="dense layers only"):
         layout("dp=2,ep=2,tp=2x2", MOE, "moe")
-    with pytest.raises(PlanError, match="etp = 1 or etp = tp"):
+    with pytest.raises(LayoutError, match="etp = 1 or etp = tp"):
         layout("dp=2,ep=2,tp=4,etp=2", MOE, "moe")
-    with pytest.raises(PlanError, match="no MoE layers"):
+    with pytest.raises(LayoutError, match="no MoE layers"):
         layout("tp=2", SPEC, "moe")
     with pytest.raises(
         StrategyError, match=r"head-splitting tp degree \(8\) must divide num_heads"
