@@ -275,7 +275,6 @@ def _head_split(strategy: Strategy) -> int:
     return strategy.tp_y if strategy.tp_y > 1 else strategy.tp
 
 
-@lru_cache(maxsize=4096)  # pure; asked for every candidate the planner scores
 def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms:
     """Tensor-parallel collectives of ``part`` ("embedding", "dense", "moe" or "head") on
     one device for one micro-batch, one forward and one backward pass; ``count`` merges
@@ -290,6 +289,19 @@ def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms
     s = strategy
     if s.tp == 1:
         return PassComms((), ())
+    return _layout_collectives(model, part, s.dp, s.cp, s.tp, s.tp_y, s.sp, s.ep, s.etp, s.mbs,
+                               s.dtype)  # fmt: skip
+
+
+# The fields a part's layout reads (``layout.sbp_layout``): the planner scores thousands
+# of strategies that differ only in others (ZeRO stage, recompute, schedule).
+@lru_cache(maxsize=4096)
+def _layout_collectives(
+    model: ModelSpec, part: str, dp: int, cp: int, tp: int, tp_y: int, sp: bool, ep: int,
+    etp: int, mbs: int, dtype: str,
+) -> PassComms:  # fmt: skip
+    s = Strategy(dp=dp, cp=cp, tp=tp, tp_y=tp_y, sp=sp, ep=ep, etp=etp, mbs=mbs, gbs=mbs * dp,
+                 dtype=dtype)  # fmt: skip
     try:
         layout = part_layout(model, s, part)
     except LayoutError as exc:

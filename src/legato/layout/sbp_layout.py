@@ -137,7 +137,9 @@ def part_layout(model: ModelSpec, strategy: Strategy, part: str) -> PartLayout:
     """Layout of ``part`` (one of :data:`PARTS`) of ``model`` under ``strategy``.
 
     The degree that splits attention heads (``tp``, or ``tp_y`` in 2-D, where ``tp_x``
-    splits the sequence instead) must divide the heads and KV heads (StrategyError)."""
+    splits the sequence instead) must divide the heads and KV heads (StrategyError). Of
+    the strategy it reads dp, cp, tp, tp_y, sp, ep, etp, mbs and dtype only
+    (``cost.layer`` caches the collectives on them)."""
     heads_split = strategy.tp_y if strategy.tp_y > 1 else strategy.tp
     for name in ("num_heads", "num_kv_heads"):
         if getattr(model, name) % heads_split:
