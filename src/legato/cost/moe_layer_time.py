@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 from legato.cost.calibration import CALIBRATION, Calibration
 from legato.cost.collectives import collective_time
@@ -153,6 +154,7 @@ def _timeline(ops: list[_Op], eager: bool) -> float:
     return max(ends, default=0.0)
 
 
+@lru_cache(maxsize=4096)  # pure; the planner times the same layer for many candidates
 def moe_layer_time(
     work: MoEWork,
     device: DeviceModel,
