@@ -168,3 +168,13 @@ def test_layout_gradients_the_cost_model_counts():
     back = [(c.kind, c.tensor) for c in backward_collectives(moe) if c.axis == "tp"]
     assert ("reduce-scatter", "x2n") in back and ("reduce-scatter", "logits") in back
     assert back.count(("all-reduce", "routed")) == 1
+
+
+def test_expert_parallelism_folded_over_tp_moves_on_tp_what_whole_experts_move():
+    """ep folded over the tp ranks (etp = 1, sp): each rank routes its own token shard, so
+    the tp axes carry the attention's and shared experts' traffic only, as with ep = 1."""
+    folded = strategy("tp=2,sp=1,ep=2")
+    assert folded.folded_ep
+    assert tp_collectives(DEEPSEEK, folded, "moe") == tp_collectives(
+        DEEPSEEK, strategy("tp=2,sp=1"), "moe"
+    )

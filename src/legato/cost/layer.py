@@ -289,7 +289,11 @@ def tp_collectives(model: ModelSpec, strategy: Strategy, part: str) -> PassComms
     s = strategy
     if s.tp == 1:
         return PassComms((), ())
-    return _layout_collectives(model, part, s.dp, s.cp, s.tp, s.tp_y, s.sp, s.ep, s.etp, s.mbs,
+    # ep folded over the tp ranks (etp = 1, each rank routes its own sequence shard): the
+    # routed experts move nothing on the tp axes, as with the experts whole on every tp
+    # rank; their all-to-alls are ``cost.moe_layer_time``'s
+    ep = 1 if s.folded_ep else s.ep
+    return _layout_collectives(model, part, s.dp, s.cp, s.tp, s.tp_y, s.sp, ep, s.etp, s.mbs,
                                s.dtype)  # fmt: skip
 
 

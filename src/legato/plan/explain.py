@@ -12,8 +12,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from legato.layout.sbp_layout import backward_collectives, forward_collectives, part_layout
-from legato.plan.errors import PlanError
+from legato.layout import LayoutError, backward_collectives, forward_collectives, part_layout
 from legato.plan.search import Scored
 from legato.schedule.builders import default_memory_cap
 from legato.specs.model import ModelSpec
@@ -39,7 +38,7 @@ def layer_comm_bytes(model: ModelSpec, scored: Scored) -> dict[str, float]:
     part = "moe" if model.moe is not None and model.num_moe_layers else "dense"
     try:
         layout = part_layout(model, scored.strategy, part)
-    except PlanError:
+    except LayoutError:
         return {}
     per_axis: dict[str, float] = defaultdict(float)
     for c in forward_collectives(layout) + backward_collectives(layout):

@@ -59,6 +59,7 @@ CHANGEABLE = frozenset(
         "train.router_bias_rate",
         "train.log_every",
         "train.eval_every",
+        "train.profile_steps",
         "train.compile",
         "train.compile_backend",
         "parallel.nproc",
