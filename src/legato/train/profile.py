@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -76,24 +76,18 @@ class Measured:
     peak_memory_bytes: int = 0
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "steps": self.steps,
-            "step_time_s": self.step_time_s,
-            "compute_by_class_s": self.compute_by_class_s,
-            "comm_s": self.comm_s,
-            "exposed_comm_s": self.exposed_comm_s,
-            "host_s": self.host_s,
-            "peak_memory_bytes": self.peak_memory_bytes,
-        }
+        return asdict(self)
 
 
-def measure(events: list, steps: int, peak_memory: int) -> Measured:
-    """The terms of ``steps`` profiled steps from the profiler's events: CPU ops of the
-    step's thread by self time, GPU kernels (when any) by device time, per step."""
+def measure(events: list, peak_memory: int) -> Measured:
+    """The terms of the profiled steps from the profiler's events, per step: the CPU ops
+    of the step's thread inside a step mark by self time, GPU kernels (when any) by device
+    time."""
     marks = [e for e in events if e.name == STEP_MARK]
     if not marks:
         return Measured(0, 0.0, peak_memory_bytes=peak_memory)
     thread = marks[0].thread
+    spans = [(m.time_range.start, m.time_range.end) for m in marks]
     n = len(marks)
     step_s = sum(e.cpu_time_total for e in marks) / n / 1e6
     gpu = [e for e in events if e.device_type == DeviceType.CUDA]
@@ -105,7 +99,8 @@ def measure(events: list, steps: int, peak_memory: int) -> Measured:
         exposed = _exposed_kernel_time(gpu, n)
     else:
         for e in events:
-            if e.thread == thread and e.name != STEP_MARK and e.device_type == DeviceType.CPU:
+            mine = e.thread == thread and e.name != STEP_MARK and e.device_type == DeviceType.CPU
+            if mine and any(a <= e.time_range.start and e.time_range.end <= b for a, b in spans):
                 _add(compute, comm, op_class(e.name), e.self_cpu_time_total / n / 1e6)
         exposed = dict(comm)  # the step's own thread waits through every collective
     busy = sum(compute.values()) + sum(exposed.values())
@@ -153,7 +148,7 @@ class StepProfiler:
 
     def __init__(self, run_dir: Path, rank: int, device: torch.device, steps: int) -> None:
         self.folder = make_dirs(run_dir / "profile")
-        self.rank, self.device, self.steps = rank, device, steps
+        self.rank, self.device = rank, device
         activities = [ProfilerActivity.CPU]
         if device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
@@ -170,7 +165,7 @@ class StepProfiler:
         temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         prof.export_chrome_trace(str(temp))
         os.replace(temp, path)
-        self.measured = measure(list(prof.events()), self.steps, peak_memory_bytes(self.device))
+        self.measured = measure(list(prof.events()), peak_memory_bytes(self.device))
         self.done = True
 
     def __enter__(self) -> StepProfiler:
