@@ -84,3 +84,17 @@ def test_cpu_peak_is_measured_once() -> None:
     began = time.perf_counter()
     assert peak_flops(torch.device("cpu"), "fp32")[0] == peak
     assert time.perf_counter() - began < 0.05
+
+
+def test_profiled_steps_are_left_out_of_the_timings_when_others_ran():
+    from legato.train.metrics import summarize
+
+    def record(step: int, seconds: float, profiled: bool) -> dict:
+        return {"step": step, "loss": 1.0, "lr": 0.1, "grad_norm": 1.0, "tokens": 100,
+                "step_time_s": seconds, "tokens_per_s": 100 / seconds, "mfu": None,
+                "peak_memory_bytes": 1, "profiled": profiled}  # fmt: skip
+
+    timed = summarize([record(1, 9.0, True), record(2, 9.0, True), record(3, 1.0, False)])
+    assert timed["step_time_s_median"] == 1.0
+    only = summarize([record(1, 9.0, True), record(2, 7.0, True)])
+    assert only["step_time_s_median"] == 8.0  # nothing else ran: the profiled ones

@@ -83,3 +83,5 @@ def test_a_two_process_run_writes_each_ranks_trace_and_measures_its_all_reduce(
     assert doc["measured"]["comm_s"]["all_reduce"] > 0  # DDP's gradient buckets
     assert doc["predicted"] is None  # parallel.cluster = none
     assert "profiled 2 steps" in out.stdout + out.stderr
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["profiled"] for r in records] == [True, True, True]  # warm-up and 2 measured

@@ -34,6 +34,7 @@ class StepMetrics:
     predicted_step_time_s: float | None = None  # the cost model's, for this job
     batch_split: list[int] | None = None  # each data-parallel rank's rows this step
     loss_scale: float | None = None  # fp16: the dynamic loss scale after this step
+    profiled: bool = False  # ran under torch.profiler (train.profile_steps): slower
 
 
 @dataclass
@@ -97,19 +98,21 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     """Final loss, median throughput and MFU, peak memory of the given step records.
 
     Medians rather than means: the first step pays for warm-up and checkpoint steps for
-    writing, and neither is the steady state the numbers are meant to describe.
+    writing, and neither is the steady state the numbers are meant to describe. Steps
+    that ran under the profiler are left out of the timings when others ran.
     """
     evals = eval_records(records)
     records = step_records(records)
     if not records:
         return {}
-    mfus = [r["mfu"] for r in records if r["mfu"] is not None]
+    timed = [r for r in records if not r.get("profiled")] or records
+    mfus = [r["mfu"] for r in timed if r["mfu"] is not None]
     return {
         "steps": records[-1]["step"],
         "first_loss": records[0]["loss"],
         "final_loss": records[-1]["loss"],
-        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in records),
-        "step_time_s_median": statistics.median(r["step_time_s"] for r in records),
+        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in timed),
+        "step_time_s_median": statistics.median(r["step_time_s"] for r in timed),
         "mfu_median": statistics.median(mfus) if mfus else None,
         "peak_memory_bytes": max(r["peak_memory_bytes"] for r in records),
         **({"final_val_loss": evals[-1]["val_loss"]} if evals else {}),

@@ -179,6 +179,11 @@ class StepProfiler:
         """A context around one training step (the step mark the terms are cut by)."""
         return record_function(STEP_MARK)
 
+    @property
+    def recording(self) -> bool:
+        """The step under way is traced (the warm-up step is, too)."""
+        return not self.done
+
     def advance(self) -> None:
         if not self.done:
             self.profiler.step()

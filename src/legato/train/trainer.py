@@ -367,6 +367,7 @@ class Trainer:
                 )
                 loss, grad_norm = self._train_step(inputs, labels, split)
             elapsed = time.perf_counter() - began
+            profiled = profiler is not None and profiler.recording
             if profiler is not None:
                 profiler.advance()
                 if profiler.done and not profiler.reported:
@@ -392,6 +393,7 @@ class Trainer:
                 peak_memory_bytes=peak_memory_bytes(ctx.device),
                 predicted_step_time_s=predicted,
                 batch_split=split,
+                profiled=profiled,
             )
             result.steps.append(step)
             result.losses.append(loss)
