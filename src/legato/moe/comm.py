@@ -44,11 +44,16 @@ class Transfer:
         self.group = group
         self.work: dist.Work | None = None
         self.grad: Tensor | None = None  # backward's receive buffer
+        self.sending: Tensor | None = None  # held until the work is done (see ``issue``)
 
     def issue(self, x: Tensor, send: list[int], recv: list[int]) -> Tensor:
         out = x.new_empty((sum(recv), *x.shape[1:]))
         x = x.contiguous()
         if not x.is_cuda:
+            # gloo reads ``x`` on its own thread after this returns: keep it alive until
+            # ``wait``, or the allocator may hand its memory (a temporary, a gradient that
+            # autograd frees) to another tensor while it is still being sent
+            self.sending = x
             self.work = _all_to_all(out, x, recv, send, self.group)
             return out
         side = _SIDE_STREAMS.setdefault(x.device, torch.cuda.Stream(x.device))
@@ -63,6 +68,7 @@ class Transfer:
         if self.work is not None:
             self.work.wait()
             self.work = None
+        self.sending = None
 
 
 def _all_to_all(out: Tensor, x: Tensor, recv: list[int], send: list[int], group) -> dist.Work:
