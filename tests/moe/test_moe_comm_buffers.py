@@ -11,10 +11,9 @@ import subprocess
 import sys
 
 SCRIPT = """
-import os, tempfile, torch, torch.distributed as dist
+import sys, torch, torch.distributed as dist
 from legato.moe.comm import Transfer
-store = os.path.join(tempfile.mkdtemp(), "store")
-dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+dist.init_process_group("gloo", init_method=f"file://{sys.argv[1]}", rank=0, world_size=1)
 try:
     for _ in range(50):
         source = torch.randn(64, 4096).t()  # strided: issue sends a contiguous copy
@@ -33,7 +32,8 @@ finally:
 """
 
 
-def test_the_send_buffer_lives_until_the_wait_and_arrives_intact() -> None:
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True,
-                         timeout=120)  # fmt: skip
+def test_the_send_buffer_lives_until_the_wait_and_arrives_intact(tmp_path) -> None:
+    store = tmp_path / "store"  # the file store gloo meets in; pytest removes it
+    out = subprocess.run([sys.executable, "-c", SCRIPT, str(store)], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
