@@ -30,6 +30,7 @@ from torch.distributed.tensor.parallel import (
 )
 
 from gloo_harness import run_ranks
+from legato.layout import Shard, backward_collectives, forward_collectives, part_layout
 from legato.models import build_model
 from legato.models.attention import SdpaAttention
 from legato.models.forward_context import ForwardContext
@@ -42,7 +43,6 @@ from legato.parallel import (
     run_dense_layout,
     tensor_parallel_plan,
 )
-from legato.plan import Shard, backward_collectives, forward_collectives, part_layout
 from legato.specs.model import ModelSpec
 from legato.specs.strategy import Strategy
 

@@ -13,9 +13,9 @@ all-to-alls are timed by ``cost.moe_layer_time.ep_exposure`` under the strategy'
 schedule, not here. MLA's low-rank projections are treated as one projection of the same
 total weight, split by ``tp``. 2-D tensor parallelism splits the same FLOPs over ``tp``
 devices (GEMM shapes as in 1-D); only its communication differs. Tensor-parallel
-collectives are derived from the SBP layouts (``legato.layout``, :func:`tp_collectives`). Block linears (projections, MLPs, experts) are timed by
-``DeviceModel.linear_time`` (fp8 in FP8 training); attention, the router and the LM head
-in the training dtype.
+collectives are derived from the SBP layouts (``legato.layout``, :func:`tp_collectives`).
+Block linears (projections, MLPs, experts) are timed by ``DeviceModel.linear_time`` (fp8
+in FP8 training); attention, the router and the LM head in the training dtype.
 """
 
 from __future__ import annotations
@@ -259,7 +259,7 @@ def _work(
     )
 
 
-TP_AXES = ("tp", "tp_x", "tp_y")
+TP_AXES = ("tp", "tp_x", "tp_y")  # the mesh axes of tensor parallelism (1-D, 2-D)
 _KINDS = {"all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
           "all-reduce": "all_reduce", "all-to-all": "all_to_all"}  # fmt: skip
 

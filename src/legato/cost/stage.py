@@ -24,7 +24,7 @@ from legato.cost.collectives import collective_time
 from legato.cost.compute import DeviceModel
 from legato.cost.data_parallel import DPTraffic, Piece, dp_traffic, linear_shares
 from legato.cost.exposed_comm import Traffic, exposed_seconds
-from legato.cost.layer import Comm, LayerWork, edge_work, layer_work
+from legato.cost.layer import TP_AXES, Comm, LayerWork, edge_work, layer_work
 from legato.cost.memory import (
     GIB,
     DeviceParams,
@@ -46,7 +46,6 @@ from legato.specs.model import ModelSpec
 from legato.specs.schedules import SCHEDULE_KINDS
 from legato.specs.strategy import Strategy, stage_layers
 
-TP_AXES = ("tp", "tp_x", "tp_y")
 CRITICAL = (*TP_AXES, "pp", "ep")  # ep: what its schedule leaves exposed
 CRITICAL_WITH_TP_OVERLAP = ("pp", "ep")
 
