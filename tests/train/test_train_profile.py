@@ -60,7 +60,8 @@ def test_measured_terms_add_up_to_the_step_and_sit_beside_the_prediction(tmp_pat
     assert trace["traceEvents"]
     cluster = load_cluster("local-cpu", devices_per_node=1)
     prediction = predict(load_model("tiny"), cluster, Strategy())
-    doc = json.loads(profiler.write_terms(prediction).read_text())
+    doc = profiler.write_terms(prediction)
+    assert json.loads((tmp_path / "profile" / "terms.json").read_text()) == doc
     assert doc["predicted"]["step_time_s"] == prediction.step_time_s
     lines = terms_table(doc)
     assert lines[1].startswith("step") and any(line.startswith("compute: gemm") for line in lines)

@@ -16,9 +16,9 @@ vocabulary-parallel embedding, LM head and loss; MoE, MLA and tied embeddings th
 ``ep`` (experts sharded over the ``dp x cp`` ranks, or folded over tp and dp: over every
 rank of a stage) with ``etp`` (each expert's FFN width split over tp); ``recompute``
 (selective or full); ``swap`` and ``loss_chunk``; ``pp`` with every schedule of
-``legato.schedule`` but DualPipe (two model copies; refused in one line), its stages laid out by the same appliers; 2-D tp (``tp=AxB``, the
-planner's layout run op by op); ``dtype`` (fp16 with dynamic loss scaling), ``mbs``,
-``gbs``. What is refused: the combinations of ``_check_runtime`` and
+``legato.schedule`` but DualPipe (two model copies; refused in one line), its stages laid
+out by the same appliers; 2-D tp (``tp=AxB``, the planner's layout run op by op);
+``dtype`` (fp16 with dynamic loss scaling), ``mbs``, ``gbs``. What is refused: the combinations of ``_check_runtime`` and
 ``check_tensor_parallel``, each with its reason (docs/training.md lists them). The keys
 ``mbs``, ``gbs`` and ``dtype`` of the string *are* the config's ``train.micro_batch_size``,
 ``train.global_batch_size`` and ``train.dtype`` (``owned_by_train``): a strategy printed by

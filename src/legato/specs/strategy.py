@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from functools import cache
+from itertools import accumulate
 from typing import Literal
 
 from legato.errors import LegatoError
@@ -312,9 +313,9 @@ def layer_ranges(num_layers: int, chunks: int) -> tuple[range, ...]:
     balanced, the extra layers of an uneven split on the earliest stages (the last
     carries the LM head and the loss). The cost model prices and the runtime builds this
     same split."""
-    base, extra = divmod(num_layers, chunks)
-    starts = [c * base + min(c, extra) for c in range(chunks)]  # c earlier stages, extras
-    return tuple(range(start, start + base + (c < extra)) for c, start in enumerate(starts))
+    counts = _balanced(num_layers, chunks)
+    return tuple(range(start, start + n) for start, n in zip(accumulate(counts, initial=0),
+                                                             counts, strict=False))  # fmt: skip
 
 
 def stage_layers(num_layers: int, s: Strategy) -> tuple[int, ...]:

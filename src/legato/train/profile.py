@@ -188,8 +188,9 @@ class StepProfiler:
         if not self.done:
             self.profiler.step()
 
-    def write_terms(self, prediction: Any) -> Path | None:
-        """Rank 0: ``profile/terms.json``, the measured terms and the predicted ones."""
+    def write_terms(self, prediction: Any) -> dict[str, Any] | None:
+        """Rank 0: writes ``profile/terms.json``, the measured terms and the predicted
+        ones, and returns what it wrote."""
         if self.rank != 0 or self.measured is None:
             return None
         predicted = None
@@ -207,7 +208,8 @@ class StepProfiler:
             }
         doc = {"measured": self.measured.to_dict(), "predicted": predicted,
                "trace": f"trace_rank{self.rank}.json"}  # fmt: skip
-        return write_text_atomic(self.folder / "terms.json", json.dumps(doc, indent=1) + "\n")
+        write_text_atomic(self.folder / "terms.json", json.dumps(doc, indent=1) + "\n")
+        return doc
 
 
 def terms_table(doc: dict[str, Any]) -> list[str]:

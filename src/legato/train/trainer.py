@@ -334,13 +334,11 @@ class Trainer:
 
     def _loop(self, run_dir: Path, start: int, log: MetricsLog | None) -> TrainResult:
         cfg, ctx = self.config, self.ctx
-        result = TrainResult(run_dir)
-        predicted = self.job.prediction.step_time_s if self.job.prediction else None
         profiler = None
         if cfg.train.profile_steps:
             profiler = StepProfiler(run_dir, ctx.rank, ctx.device, cfg.train.profile_steps)
         with profiler or contextlib.nullcontext():
-            result = self._steps(run_dir, start, log, result, predicted, profiler)
+            result = self._steps(run_dir, start, log, profiler)
         if profiler is not None and not profiler.reported:  # the run ended mid-profile
             if profiler.done:
                 self._report_profile(profiler)
@@ -351,10 +349,12 @@ class Trainer:
                 )
         return result
 
-    def _steps(self, run_dir: Path, start: int, log: MetricsLog | None, result: TrainResult,
-               predicted: float | None, profiler: StepProfiler | None) -> TrainResult:  # fmt: skip
+    def _steps(self, run_dir: Path, start: int, log: MetricsLog | None,
+               profiler: StepProfiler | None) -> TrainResult:  # fmt: skip
         cfg, ctx = self.config, self.ctx
         total, every = cfg.train.steps, cfg.checkpoint.every
+        result = TrainResult(run_dir)
+        predicted = self.job.prediction.step_time_s if self.job.prediction else None
         tokens = cfg.train.global_batch_size * self.seq_len
         saved = None
         for step in range(start + 1, total + 1):
@@ -417,14 +417,12 @@ class Trainer:
         """The profiled steps' terms beside the prediction: in profile/terms.json and as a
         table on the console (rank 0)."""
         profiler.reported = True
-        path = profiler.write_terms(self.job.prediction)
-        if path is None:
+        doc = profiler.write_terms(self.job.prediction)
+        if doc is None:
             return
-        doc = json.loads(path.read_text())
-        lines = terms_table(doc)
         self.progress.message(
-            f"profiled {doc['measured']['steps']} steps (traces and terms in {path.parent}):\n"
-            + "\n".join(lines)
+            f"profiled {doc['measured']['steps']} steps (traces and terms in "
+            f"{profiler.folder}):\n" + "\n".join(terms_table(doc))
         )
 
     def _agree_next_step(self, step: int) -> bool:
